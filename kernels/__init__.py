@@ -1,0 +1,1 @@
+"""Triton kernels, one file per kernel, each beside its torch twin. Built in later issues."""

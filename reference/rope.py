@@ -1,0 +1,55 @@
+"""Rotary position embeddings (RoPE), as the Llama family uses them.
+
+RoPE encodes a token's position by rotating pairs of query/key features through angles
+position × frequency. Because only the *difference* of two positions survives in q·k, a key
+rotated once, when it was computed, stays valid forever: that is what makes its K cacheable.
+
+Llama 3 stretches the low frequencies for long contexts ("llama3" rope scaling); "linear"
+scaling divides every frequency by a factor. Both only change the frequencies, never the rotation.
+"""
+
+import math
+
+import torch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """The rotation frequency of each feature pair, [head_dim // 2], float32."""
+    # Built on the CPU explicitly: models are constructed on the meta device before loading.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)  # [head_dim/2]
+    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    raise ValueError(
+        f"rope scaling of type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
+    )
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1's scaling: long wavelengths slowed by `factor`, short ones kept, a blend between."""
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, blended, scaled)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim] by its tokens' positions [T] (the "rotate half" layout)."""
+    angles = positions[:, None].float() * inv_freq.to(positions.device)[None, :]  # [T, head_dim/2]
+    angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]
+    cos = angles.cos()[:, None, :].to(x.dtype)  # [T, 1, head_dim]
+    sin = angles.sin()[:, None, :].to(x.dtype)
+    first, second = x.chunk(2, dim=-1)  # [T, heads, head_dim/2] each
+    rotated_half = torch.cat([-second, first], dim=-1)  # [T, heads, head_dim]
+    return x * cos + rotated_half * sin
