@@ -10,8 +10,15 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, OPTConfig,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen3Config)
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 EOS = "<|endoftext|>"
 BYTE_VOCAB = 256 + 1  # the byte alphabet and EOS

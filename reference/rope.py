@@ -33,7 +33,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> t
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    """Llama 3.1's scaling: long wavelengths slowed by `factor`, short ones kept, a blend between."""
+    """Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a blend in between."""
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old_len = s["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq

@@ -1,0 +1,33 @@
+# The two commands of a fresh machine:   make demo   |   make test
+# Both use the active virtual environment, or create .venv here if none is active.
+PYTHON ?= python3
+ifdef VIRTUAL_ENV
+VENV := $(VIRTUAL_ENV)
+else
+VENV := .venv
+endif
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.pagedllm-installed
+
+.PHONY: setup demo test lessons clean
+setup: $(STAMP)
+
+# torch first, pinned: an unpinned torch on a machine without one pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
+	$(PY) -m pip install -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m pagedllm demo
+
+# pytest's exit 5 (nothing collected) fails like any other failure.
+test: setup
+	$(PY) -m pytest
+
+lessons: setup
+	$(VENV)/bin/mkdocs serve
+
+clean:
+	rm -rf .venv build site *.egg-info .pytest_cache .benchmarks

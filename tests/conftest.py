@@ -1,0 +1,26 @@
+"""Shared fixtures: small random-weight checkpoints of every family, written once per session."""
+
+import pytest
+import torch
+
+from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+
+FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "opt")
+
+# N(0, 0.2) weights give logits with a spread of about 1.6, like a trained model's, instead of the
+# near-flat logits (spread ~0.16) of the usual 0.02: the gap between the best and second-best
+# token is then far above float32 reordering noise (~1e-5), so greedy comparisons are decisive.
+INIT_STD = 0.2
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {family: write_random_checkpoint(root / family, tiny_config(family), seed=0,
+                                            init_std=INIT_STD)
+            for family in FAMILIES}
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)

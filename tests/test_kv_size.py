@@ -1,0 +1,43 @@
+"""The KV size calculator reproduces the published per-token sizes."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pagedllm.reference.kv_size import PRESETS, kv_size
+
+
+def test_opt_13b_matches_the_paper():
+    s = kv_size("opt-13b")
+    assert s.bytes_per_token == 819_200  # 2 x 40 layers x 5120 hidden x 2 bytes
+    assert s.bytes_for(2048) / 2**20 == 1600  # the paper's "1.6 GB" per 2048-token request
+
+
+def test_gqa_shrinks_the_cache():
+    assert kv_size("llama-3-8b").bytes_per_token == 2 * 32 * 8 * 128 * 2  # 131,072
+    assert kv_size("llama-2-7b").bytes_per_token == 4 * kv_size("llama-3-8b").bytes_per_token
+    assert kv_size("qwen2.5-7b").bytes_per_token == 57_344
+    assert kv_size("opt-13b", "float32").bytes_per_token == 2 * 819_200
+
+
+def test_checkpoint_folder(checkpoints):
+    s = kv_size(checkpoints["llama3"])  # 2 layers, 2 KV heads of 16, float32
+    assert s.bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert s.tokens_per_gib == 2**30 // 512
+
+
+def test_command_prints_the_paper_numbers():
+    out = subprocess.run([sys.executable, "-m", "pagedllm.reference.kv_size", "opt-13b",
+                          "--tokens", "2048"], capture_output=True, text=True, check=True).stdout
+    assert "bytes per token: 819,200" in out
+    assert "1,600 MiB" in out and "1.68 GB" in out
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="neither a preset nor a folder") as err:
+        kv_size("gpt-5")
+    assert "opt-13b" in str(err.value)
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        kv_size("opt-13b", "fp17")
+    assert len(PRESETS) >= 10

@@ -1,0 +1,46 @@
+"""One distribution, `pagedllm`; the top-level folders are its namespaced import packages."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("reference", "optimized", "kernels", "serving")
+
+
+def test_normal_install_from_a_wheel(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path / "dist"), str(ROOT)], check=True)
+    wheel = next((tmp_path / "dist").glob("pagedllm-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for pkg in PACKAGES:
+        assert f"pagedllm/{pkg}/__init__.py" in names
+    assert "pagedllm/reference/model.py" in names
+    assert not any(n.startswith(("tests/", "reference/", "kernels/")) for n in names)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(target), str(wheel)], check=True)
+    code = ("import pagedllm.reference as r, pagedllm.kernels, pagedllm.serving.cli; "
+            "print(r.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, env={"PYTHONPATH": str(target)}, check=True).stdout
+    assert out.strip().startswith(str(target))
+
+
+def test_reference_tier_runs_without_triton(checkpoints):
+    """Block triton's import; the reference tier must still load and generate."""
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "from pagedllm.reference import load_model, generate\n"
+            f"print(generate(load_model({str(checkpoints['llama'])!r}), [1, 2, 3], 4))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("[")
+
+
+def test_no_top_level_kernels_module_is_installed():
+    """A top-level `kernels` would shadow Hugging Face's package of that name."""
+    code = "import importlib.util as u; print(u.find_spec('kernels'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd="/", check=True).stdout
+    assert out.strip() == "None" or "site-packages/kernels" in out
