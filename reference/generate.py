@@ -80,3 +80,54 @@ def generate(model, prompt_ids, max_new_tokens: int = 32, *, temperature: float 
             break
     return tokens[prompt_len:]
 # --8<-- [end:generate]
+
+
+KV_LAYOUTS = ("per-sequence", "paged")
+
+
+@torch.inference_mode()
+def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
+                  kv_layout: str = "paged", block_size: int = 16,
+                  num_blocks: int | None = None) -> list[list[int]]:
+    """Greedy-decode several prompts in lockstep over one shared KV memory.
+
+    Each step every sequence gets one token, so with a paged layout their blocks interleave in
+    the pool: sequence 0's second block lands after sequence 1's first. The tokens must not
+    depend on where the blocks landed. (The engine of a later issue batches these forwards; here
+    each sequence runs its own forward for clarity.)
+    """
+    from .block_manager import BlockSpaceManager
+    from .kv_storage import KVStorage, SequenceKV
+
+    cfg = model.config
+    tokens = [check_prompt(p, cfg.vocab_size) for p in prompts]
+    param = next(model.parameters())
+    if kv_layout == "per-sequence":
+        caches = [make_cache(model, "contiguous", len(t) + max_new_tokens) for t in tokens]
+    elif kv_layout == "paged":
+        manager = BlockSpaceManager(block_size, num_blocks or sum(
+            -(-(len(t) + max_new_tokens) // block_size) for t in tokens))
+        storage = KVStorage(cfg.num_layers, manager.gpu.num_blocks * block_size,
+                            cfg.num_kv_heads, cfg.head_dim, block_size, param.dtype,
+                            param.device)
+        caches = []
+        for seq_id, t in enumerate(tokens):
+            manager.allocate(seq_id, len(t))  # the prompt's slots; decode slots come per step
+            caches.append(SequenceKV(storage, lambda pos, s=seq_id: manager.slot_mapping(s, pos)))
+    else:
+        raise ValueError(f"kv_layout {kv_layout!r} is unknown; choose one of {KV_LAYOUTS}")
+
+    prompt_lens = [len(t) for t in tokens]
+    for step in range(max_new_tokens):
+        for seq_id, (seq, kv) in enumerate(zip(tokens, caches, strict=True)):
+            if kv_layout == "paged" and step > 0:
+                _, copy = manager.append_slot(seq_id)  # a slot for the token fed this step
+                storage.copy_blocks([copy] if copy else [])
+            start = kv.num_cached_tokens
+            ids = torch.tensor(seq[start:], device=param.device)
+            positions = torch.arange(start, len(seq), device=param.device)
+            seq.append(int(torch.argmax(model(ids, positions, kv, last_only=True)[0])))
+    if kv_layout == "paged":
+        for seq_id in range(len(tokens)):
+            manager.free(seq_id)
+    return [seq[n:] for seq, n in zip(tokens, prompt_lens, strict=True)]

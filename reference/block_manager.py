@@ -1,0 +1,229 @@
+"""Paged KV memory: a pool of fixed-size blocks and a block table per sequence.
+
+The KV cache is cut into physical blocks of block_size token slots. A sequence sees a list of
+logical blocks (its first block_size tokens, the next block_size, ...); its block table maps
+each logical block to whichever physical block happened to be free. Nothing needs to be
+contiguous, so nothing is reserved ahead of need: a sequence takes a new block only when its
+last one is full, and wastes at most block_size - 1 slots (in its last block).
+
+Blocks carry reference counts so sequences can share them: ``fork`` gives a child the parent's
+blocks (counts up); before a sequence writes into a block someone else also holds, it gets a
+private copy (copy-on-write). When the GPU pool runs out, a sequence's blocks can be swapped out
+to a CPU pool and back.
+
+The manager only does the bookkeeping; it moves no data. Where data must move it returns the
+block pairs ("copy block 7 to block 12", "swap GPU block 3 to CPU block 0") for the cache
+storage to carry out. Names follow vLLM's BlockSpaceManager.
+
+The slot of a token is block_table[position // block_size] * block_size + position % block_size:
+its row in the flat pool of slots.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class BlockPool:
+    """Physical blocks of one device: a free list and a reference count per block."""
+
+    def __init__(self, num_blocks: int, device: str):
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.device = device
+        self.ref_counts = [0] * num_blocks
+        self.free_list = deque(range(num_blocks))  # lowest ids first: block tables read easily
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_list)
+
+    def allocate(self) -> int:
+        if not self.free_list:
+            raise RuntimeError(f"no free {self.device} block: check can_allocate / can_append "
+                               "first")
+        block = self.free_list.popleft()
+        self.ref_counts[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        assert self.ref_counts[block] > 0, f"sharing {self.device} block {block}, which is free"
+        self.ref_counts[block] += 1
+
+    def release(self, block: int) -> None:
+        assert self.ref_counts[block] > 0, f"{self.device} block {block} freed twice"
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_list.append(block)
+
+
+@dataclass
+class BlockTable:
+    """One sequence's logical -> physical mapping and how many token slots it fills."""
+
+    blocks: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # slots in use; the last block holds num_tokens - (len - 1) * block_size
+    device: str = "gpu"  # "gpu" while runnable, "cpu" while swapped out
+
+
+# --8<-- [start:manager]
+class BlockSpaceManager:
+    """Allocates, shares, copies on write and swaps the blocks of sequences, by sequence id."""
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.gpu = BlockPool(num_gpu_blocks, "gpu")
+        self.cpu = BlockPool(num_cpu_blocks, "cpu")
+        self.tables: dict[int, BlockTable] = {}
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)  # ceil
+
+    # -- admission ------------------------------------------------------------------------
+    def can_allocate(self, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) <= self.gpu.num_free
+
+    def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Blocks for a new sequence's first num_tokens (its prompt); returns its block table."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} already has blocks; free it first")
+        needed = self.blocks_needed(num_tokens)
+        if needed > self.gpu.num_blocks:
+            raise ValueError(f"{num_tokens} tokens need {needed} blocks of {self.block_size}, "
+                             f"more than the whole pool of {self.gpu.num_blocks}")
+        if needed > self.gpu.num_free:
+            raise RuntimeError(f"{needed} blocks needed, {self.gpu.num_free} free: "
+                               "check can_allocate first")
+        table = BlockTable([self.gpu.allocate() for _ in range(needed)], num_tokens)
+        self.tables[seq_id] = table
+        return table.blocks
+# --8<-- [end:manager]
+
+    # -- decode: one more slot ---------------------------------------------------------------
+    def _last_block_has_room(self, table: BlockTable) -> bool:
+        return table.num_tokens < len(table.blocks) * self.block_size
+
+    def can_append(self, seq_id: int) -> bool:
+        """Can the sequence get a slot for one more token (a new block or a private copy)?"""
+        table = self._table(seq_id, device="gpu")
+        if self._last_block_has_room(table) and self.gpu.ref_counts[table.blocks[-1]] == 1:
+            return True  # room in a block only this sequence holds: no block needed
+        return self.gpu.num_free >= 1
+
+    # --8<-- [start:append_slot]
+    def append_slot(self, seq_id: int) -> tuple[int, tuple[int, int] | None]:
+        """Reserve the slot of the sequence's next token.
+
+        Returns (slot, copy): copy is (src_block, dst_block) when the last block was shared and
+        had to be copied before this write (copy-on-write), else None.
+        """
+        table = self._table(seq_id, device="gpu")
+        copy = None
+        if not self._last_block_has_room(table):
+            table.blocks.append(self.gpu.allocate())  # last block full: take a fresh one
+        elif self.gpu.ref_counts[table.blocks[-1]] > 1:
+            shared = table.blocks[-1]  # others still read it: write into a private copy
+            table.blocks[-1] = self.gpu.allocate()
+            self.gpu.release(shared)
+            copy = (shared, table.blocks[-1])
+        position = table.num_tokens
+        table.num_tokens += 1
+        return self.slot(seq_id, position), copy
+    # --8<-- [end:append_slot]
+
+    def slot(self, seq_id: int, position: int) -> int:
+        """Row of the flat slot pool holding this token's K/V."""
+        table = self.tables[seq_id]
+        return table.blocks[position // self.block_size] * self.block_size + (
+            position % self.block_size)
+
+    def slot_mapping(self, seq_id: int, positions) -> list[int]:
+        return [self.slot(seq_id, p) for p in positions]
+
+    # -- sharing ----------------------------------------------------------------------------
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """The child starts as the parent: same blocks, counts up, nothing copied."""
+        parent = self._table(parent_id, device="gpu")
+        if child_id in self.tables:
+            raise ValueError(f"sequence {child_id} already has blocks")
+        for block in parent.blocks:
+            self.gpu.share(block)
+        self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens)
+
+    # -- release ----------------------------------------------------------------------------
+    def free(self, seq_id: int) -> None:
+        if seq_id not in self.tables:
+            raise ValueError(f"sequence {seq_id} holds no blocks (never allocated, or freed "
+                             "already)")
+        table = self.tables.pop(seq_id)
+        pool = self.gpu if table.device == "gpu" else self.cpu
+        for block in table.blocks:
+            pool.release(block)
+
+    # -- swapping ---------------------------------------------------------------------------
+    # A sequence group (a request's samples or beams) is swapped as a unit, so pass all its
+    # sequence ids: a block they share moves once and stays shared on the other side.
+    def can_swap_out(self, seq_ids: int | list[int]) -> bool:
+        return len(self._group_blocks(seq_ids, "gpu")) <= self.cpu.num_free
+
+    def swap_out(self, seq_ids: int | list[int]) -> list[tuple[int, int]]:
+        """Move the sequences' blocks to the CPU pool; returns (gpu_block, cpu_block) pairs."""
+        return self._move(seq_ids, self.gpu, self.cpu)
+
+    def can_swap_in(self, seq_ids: int | list[int]) -> bool:
+        ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
+        # plus one spare block per sequence for the token each appends next
+        return len(self._group_blocks(ids, "cpu")) + len(ids) <= self.gpu.num_free
+
+    def swap_in(self, seq_ids: int | list[int]) -> list[tuple[int, int]]:
+        """Bring swapped-out sequences back; returns (cpu_block, gpu_block) pairs."""
+        return self._move(seq_ids, self.cpu, self.gpu)
+
+    def _group_blocks(self, seq_ids: int | list[int], device: str) -> list[int]:
+        ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
+        return list(dict.fromkeys(b for i in ids for b in self._table(i, device).blocks))
+
+    def _move(self, seq_ids: int | list[int], src: BlockPool,
+              dst: BlockPool) -> list[tuple[int, int]]:
+        ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
+        unique = self._group_blocks(ids, src.device)
+        if len(unique) > dst.num_free:
+            raise ValueError(f"moving sequences {ids} to the {dst.device} needs {len(unique)} "
+                             f"blocks, {dst.num_free} are free; nothing was moved")
+        moved = {block: dst.allocate() for block in unique}  # each starts with one reference
+        seen = set()
+        for seq_id in ids:
+            table = self.tables[seq_id]
+            for block in table.blocks:
+                if moved[block] in seen:
+                    dst.share(moved[block])  # a further reference from within the group
+                seen.add(moved[block])
+                src.release(block)  # a block shared outside the group stays for the others
+            table.blocks = [moved[b] for b in table.blocks]
+            table.device = dst.device
+        return list(moved.items())
+
+    # -- inspection -------------------------------------------------------------------------
+    def _table(self, seq_id: int, device: str) -> BlockTable:
+        table = self.tables.get(seq_id)
+        if table is None:
+            raise ValueError(f"sequence {seq_id} holds no blocks")
+        if table.device != device:
+            raise ValueError(f"sequence {seq_id} is on the {table.device}, not the {device}")
+        return table
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self.tables[seq_id].blocks)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.tables[seq_id].num_tokens
+
+    @property
+    def num_free_gpu_blocks(self) -> int:
+        return self.gpu.num_free
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return self.cpu.num_free
