@@ -133,14 +133,16 @@ class BlockSpaceManager:
         return self.slot(seq_id, position), copy
     # --8<-- [end:append_slot]
 
+    # --8<-- [start:slot]
     def slot(self, seq_id: int, position: int) -> int:
-        """Row of the flat slot pool holding this token's K/V."""
-        table = self.tables[seq_id]
+        """Row of the flat slot pool holding this token's K/V (in the pool the sequence is in)."""
+        table = self._lookup(seq_id)
         return table.blocks[position // self.block_size] * self.block_size + (
             position % self.block_size)
 
     def slot_mapping(self, seq_id: int, positions) -> list[int]:
         return [self.slot(seq_id, p) for p in positions]
+    # --8<-- [end:slot]
 
     # -- sharing ----------------------------------------------------------------------------
     def fork(self, parent_id: int, child_id: int) -> None:
@@ -154,10 +156,8 @@ class BlockSpaceManager:
 
     # -- release ----------------------------------------------------------------------------
     def free(self, seq_id: int) -> None:
-        if seq_id not in self.tables:
-            raise ValueError(f"sequence {seq_id} holds no blocks (never allocated, or freed "
-                             "already)")
-        table = self.tables.pop(seq_id)
+        table = self._lookup(seq_id)
+        del self.tables[seq_id]
         pool = self.gpu if table.device == "gpu" else self.cpu
         for block in table.blocks:
             pool.release(block)
@@ -206,19 +206,23 @@ class BlockSpaceManager:
         return list(moved.items())
 
     # -- inspection -------------------------------------------------------------------------
-    def _table(self, seq_id: int, device: str) -> BlockTable:
+    def _lookup(self, seq_id: int) -> BlockTable:
         table = self.tables.get(seq_id)
         if table is None:
-            raise ValueError(f"sequence {seq_id} holds no blocks")
+            raise ValueError(f"sequence {seq_id} holds no blocks (never allocated, or freed)")
+        return table
+
+    def _table(self, seq_id: int, device: str) -> BlockTable:
+        table = self._lookup(seq_id)
         if table.device != device:
             raise ValueError(f"sequence {seq_id} is on the {table.device}, not the {device}")
         return table
 
     def block_table(self, seq_id: int) -> list[int]:
-        return list(self.tables[seq_id].blocks)
+        return list(self._lookup(seq_id).blocks)
 
     def num_tokens(self, seq_id: int) -> int:
-        return self.tables[seq_id].num_tokens
+        return self._lookup(seq_id).num_tokens
 
     @property
     def num_free_gpu_blocks(self) -> int:

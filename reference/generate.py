@@ -82,21 +82,26 @@ def generate(model, prompt_ids, max_new_tokens: int = 32, *, temperature: float 
 # --8<-- [end:generate]
 
 
-KV_LAYOUTS = ("per-sequence", "paged")
+KV_LAYOUTS = ("per-sequence", "paged", "slabs")
 
 
+# --8<-- [start:generate_many]
 @torch.inference_mode()
 def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
                   kv_layout: str = "paged", block_size: int = 16,
-                  num_blocks: int | None = None) -> list[list[int]]:
+                  num_blocks: int | None = None, policy: str = "max") -> list[list[int]]:
     """Greedy-decode several prompts in lockstep over one shared KV memory.
 
     Each step every sequence gets one token, so with a paged layout their blocks interleave in
     the pool: sequence 0's second block lands after sequence 1's first. The tokens must not
     depend on where the blocks landed. (The engine of a later issue batches these forwards; here
     each sequence runs its own forward for clarity.)
+
+    kv_layout: "per-sequence" (a ContiguousCache each), "paged" (one block pool, block_size
+    tokens a block) or "slabs" (one linear space, a slab reserved per sequence under policy).
     """
     from .block_manager import BlockSpaceManager
+    from .contiguous_allocator import ContiguousAllocator
     from .kv_storage import KVStorage, SequenceKV
 
     cfg = model.config
@@ -114,6 +119,16 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
         for seq_id, t in enumerate(tokens):
             manager.allocate(seq_id, len(t))  # the prompt's slots; decode slots come per step
             caches.append(SequenceKV(storage, lambda pos, s=seq_id: manager.slot_mapping(s, pos)))
+    elif kv_layout == "slabs":
+        # room for every sequence's largest possible slab: admission never has to wait here
+        max_len = cfg.max_position_embeddings
+        slabs = ContiguousAllocator(len(tokens) * max_len, policy, max_len)
+        storage = KVStorage(cfg.num_layers, slabs.total_slots, cfg.num_kv_heads, cfg.head_dim,
+                            dtype=param.dtype, device=param.device)
+        caches = []
+        for seq_id, t in enumerate(tokens):
+            start = slabs.allocate(seq_id, len(t), max_new_tokens)  # position p -> start + p
+            caches.append(SequenceKV(storage, lambda pos, s=start: [s + p for p in pos]))
     else:
         raise ValueError(f"kv_layout {kv_layout!r} is unknown; choose one of {KV_LAYOUTS}")
 
@@ -131,3 +146,4 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
         for seq_id in range(len(tokens)):
             manager.free(seq_id)
     return [seq[n:] for seq, n in zip(tokens, prompt_lens, strict=True)]
+# --8<-- [end:generate_many]

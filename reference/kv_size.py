@@ -8,11 +8,20 @@ OPT-13B (40 layers, 40 heads of 128, fp16): 2 × 40 × 40 × 128 × 2 = 819,200 
 token, so one 2048-token request holds 1,600 MiB (the paper's "1.6 GB"). Grouped-query attention
 shrinks the kv_heads factor: Llama-3-8B keeps 8 KV heads for 32 query heads, 128 KiB per token.
 
+The same arithmetic plans capacity. In a KV budget of M bytes, a contiguous cache that reserves
+the full context L for every sequence fits M / (L x bytes per token) sequences, however short
+they turn out; a paged cache holds only the tokens a sequence has (rounded up to whole blocks),
+so it fits as many as their actual lengths allow. Turned around (seed 004's example): to serve
+160 users at once from one GPU, each can be given only M / 160 bytes of context.
+
     python -m pagedllm.reference.kv_size opt-13b llama-3-8b --tokens 2048
     python -m pagedllm.reference.kv_size path/to/checkpoint --dtype bfloat16
+    python -m pagedllm.reference.kv_size llama-2-7b --memory-gib 60 --context 4096 --users 160
 """
 
 import argparse
+import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,17 +112,100 @@ def describe(s: KVSize, tokens: int | None = None) -> str:
     ])
 
 
+# --8<-- [start:capacity]
+def contiguous_capacity(s: KVSize, memory_bytes: int, context: int) -> int:
+    """Sequences that fit when each reserves a slab for its full context, up front."""
+    _check_positive(memory_bytes=memory_bytes, context=context)
+    return memory_bytes // s.bytes_for(context)
+
+
+def paged_capacity(s: KVSize, memory_bytes: int, mean_tokens: int, block_size: int = 16) -> int:
+    """Sequences of mean_tokens actual tokens each that fit in blocks of block_size slots.
+
+    A paged sequence holds ceil(tokens / block_size) blocks and reserves nothing ahead, so the
+    answer depends on how long sequences really are, not on how long they are allowed to be.
+    """
+    _check_positive(memory_bytes=memory_bytes, mean_tokens=mean_tokens, block_size=block_size)
+    num_blocks = memory_bytes // s.bytes_for(block_size)
+    return num_blocks // math.ceil(mean_tokens / block_size)
+
+
+def context_per_user(s: KVSize, memory_bytes: int, users: int) -> int:
+    """The longest context each of `users` concurrent sequences can be guaranteed."""
+    _check_positive(memory_bytes=memory_bytes, users=users)
+    return memory_bytes // (users * s.bytes_per_token)
+# --8<-- [end:capacity]
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def plan(s: KVSize, memory_gib: float, context: int | None = None, mean_tokens: int | None = None,
+         block_size: int = 16, users: int | None = None) -> str:
+    """The capacity questions for one model and KV budget, answered in words."""
+    memory = int(memory_gib * GIB)
+    context = s.max_len if context is None else context
+    _check_positive(context=context)
+    if context > s.max_len:
+        raise ValueError(f"context {context} exceeds {s.name}'s maximum length of {s.max_len}")
+    mean_tokens = max(context // 2, 1) if mean_tokens is None else mean_tokens
+    if mean_tokens > context:
+        raise ValueError(f"mean_tokens {mean_tokens} exceeds the context of {context}")
+    slots = memory // s.bytes_per_token
+    contiguous = contiguous_capacity(s, memory, context)
+    paged = paged_capacity(s, memory, mean_tokens, block_size)
+    lines = [
+        f"  KV budget {memory_gib:g} GiB = {slots:,} token slots",
+        f"  contiguous, each reserves {context:,} tokens: {contiguous:,} sequences",
+        f"  paged (blocks of {block_size}), sequences of {mean_tokens:,} tokens on average: "
+        f"{paged:,} sequences" + (f" ({paged / contiguous:.1f}x)" if contiguous else ""),
+    ]
+    if users is not None:
+        each = context_per_user(s, memory, users)
+        lines.append(f"  {users:,} users at once: at most {each:,} tokens of context each"
+                     + (f" (not even one token: {users:,} users need "
+                        f"{users * s.bytes_per_token / GIB:.2f} GiB per token of context)"
+                        if each == 0 else ""))
+    return "\n".join(lines)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help=f"checkpoint folders or presets: {', '.join(PRESETS)}")
     p.add_argument("--tokens", type=int, default=None,
                    help="sequence length to price (default: the model's maximum)")
     p.add_argument("--dtype", default=None, help="KV dtype (default: float16 for presets, "
                    "the checkpoint's dtype for folders)")
+    plan_args = p.add_argument_group("capacity planning (needs --memory-gib)")
+    plan_args.add_argument("--memory-gib", type=float, default=None,
+                           help="GPU memory left for the KV cache, in GiB")
+    plan_args.add_argument("--context", type=int, default=None,
+                           help="context each sequence may reach (default: the model's maximum)")
+    plan_args.add_argument("--mean-tokens", type=int, default=None,
+                           help="tokens a sequence actually holds on average (default: half "
+                           "the context)")
+    plan_args.add_argument("--block-size", type=int, default=16, help="paged block size (tokens)")
+    plan_args.add_argument("--users", type=int, default=None,
+                           help="concurrent users: how much context can each have?")
 
 
 def run(args: argparse.Namespace) -> int:
+    planning = getattr(args, "memory_gib", None)
+    if planning is None and any(getattr(args, name, None) is not None
+                                for name in ("context", "mean_tokens", "users")):
+        raise ValueError("--context, --mean-tokens and --users plan capacity: give the KV "
+                         "budget with --memory-gib too")
+    if planning is not None and not planning > 0:
+        raise ValueError(f"--memory-gib must be > 0, got {planning}")
     for model in args.models:
-        print(describe(kv_size(model, args.dtype), args.tokens))
+        s = kv_size(model, args.dtype)
+        text = describe(s, args.tokens)
+        if planning is not None:  # computed before printing: bad input prints nothing
+            text += "\n" + plan(s, planning, args.context, args.mean_tokens, args.block_size,
+                                args.users)
+        print(text)
     return 0
 
 
@@ -121,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pagedllm.reference.kv_size",
                                      description=__doc__.split("\n\n")[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except ValueError as err:  # bad input: say what was wrong, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -96,13 +96,14 @@ def test_sequence_view_feeds_the_model(checkpoints):
 
 
 @pytest.mark.parametrize("family", ["mistral", "opt"])
-def test_paged_per_sequence_and_transformers_agree_on_a_batch(checkpoints, family):
+def test_paged_slabs_per_sequence_and_transformers_agree_on_a_batch(checkpoints, family):
     model = load_model(checkpoints[family])
     prompts = [[7, 8, 9], list(range(20, 45)), list(range(60, 77)), [3] * 9]
     new = 20
     paged = generate_many(model, prompts, new, kv_layout="paged", block_size=4)
     per_seq = generate_many(model, prompts, new, kv_layout="per-sequence")
-    assert paged == per_seq
+    slabs = generate_many(model, prompts, new, kv_layout="slabs", policy="pow2")
+    assert paged == per_seq == slabs
     hf = AutoModelForCausalLM.from_pretrained(checkpoints[family], dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     for prompt, ours in zip(prompts, paged, strict=True):
