@@ -36,3 +36,24 @@ def causal_attention(
     scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # [heads, T, S]
     return torch.einsum("hts,shd->thd", probs, v)  # [T, heads, head_dim]
+
+
+# --8<-- [start:attend]
+def attend(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           positions: torch.Tensor, scale: float,
+           sliding_window: int | None = None) -> torch.Tensor:
+    """Attention for a flat batch of tokens, one sequence at a time.
+
+    Everything else in a layer works token by token, so tokens of many sequences can be laid
+    end to end ([T, ...]); attention alone must stay inside each sequence. ``cache.split(T)``
+    says which rows belong to which sequence and gives that sequence's KV cache: store the new
+    K/V, fetch everything the queries may see, attend.
+    """
+    out = torch.empty_like(q)  # [T, heads, head_dim]
+    for rows, seq_cache in cache.split(q.shape[0]):
+        keys, values, key_positions = seq_cache.store_and_fetch(layer, positions[rows], k[rows],
+                                                                v[rows])
+        out[rows] = causal_attention(q[rows], keys, values, positions[rows], key_positions,
+                                     scale, sliding_window)
+    return out
+# --8<-- [end:attend]

@@ -105,12 +105,15 @@ class BlockSpaceManager:
     def _last_block_has_room(self, table: BlockTable) -> bool:
         return table.num_tokens < len(table.blocks) * self.block_size
 
+    def append_needs_block(self, seq_id: int) -> bool:
+        """Does the sequence's next token need a free block (its last is full, or shared)?"""
+        table = self._table(seq_id, device="gpu")
+        return not (self._last_block_has_room(table)
+                    and self.gpu.ref_counts[table.blocks[-1]] == 1)
+
     def can_append(self, seq_id: int) -> bool:
         """Can the sequence get a slot for one more token (a new block or a private copy)?"""
-        table = self._table(seq_id, device="gpu")
-        if self._last_block_has_room(table) and self.gpu.ref_counts[table.blocks[-1]] == 1:
-            return True  # room in a block only this sequence holds: no block needed
-        return self.gpu.num_free >= 1
+        return not self.append_needs_block(seq_id) or self.gpu.num_free >= 1
 
     # --8<-- [start:append_slot]
     def append_slot(self, seq_id: int) -> tuple[int, tuple[int, int] | None]:

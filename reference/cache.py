@@ -4,7 +4,8 @@ Attention needs the K and V of every earlier token. Those never change once comp
 K and V depend only on the tokens before it), so they can be stored instead of recomputed. The
 model reaches storage through one method, ``store_and_fetch``: hand over the new tokens' K/V,
 get back everything the new queries may attend to. Swapping the cache object changes the memory
-strategy and never the result.
+strategy and never the result. (``split`` tells attention which rows of a flat batch belong to
+which sequence; these caches hold one sequence, so all rows are theirs.)
 
 - ``NoCache`` keeps nothing: every step feeds the whole sequence again (the "before" picture).
 - ``ContiguousCache`` reserves one slab per sequence for its maximum length, up front: simple,
@@ -19,6 +20,9 @@ class NoCache:
     """Recompute the whole prefix every step: O(n²) work for n generated tokens."""
 
     num_cached_tokens = 0  # nothing is stored, so the caller must feed every token each step
+
+    def split(self, num_rows: int):
+        return [(slice(0, num_rows), self)]  # one sequence: every row is its
 
     def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -37,6 +41,9 @@ class ContiguousCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.num_cached_tokens = 0  # positions [0, num_cached_tokens) hold valid K/V
+
+    def split(self, num_rows: int):
+        return [(slice(0, num_rows), self)]  # one sequence: every row is its
 
     def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -186,6 +186,9 @@ class ContiguousAllocator:
         slab = self._slab(request_id)
         return slab.start, slab.length
 
+    def holds(self, request_id: int) -> bool:
+        return request_id in self._by_id
+
     def num_tokens(self, request_id: int) -> int:
         return self._slab(request_id).num_tokens
 

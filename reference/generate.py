@@ -74,7 +74,7 @@ def generate(model, prompt_ids, max_new_tokens: int = 32, *, temperature: float 
         start = kv.num_cached_tokens  # 0 without a cache: feed everything again
         new_ids = torch.tensor(tokens[start:], device=device)  # [T]
         positions = torch.arange(start, len(tokens), device=device)  # [T]
-        logits = model(new_ids, positions, kv, last_only=True)[0]  # [vocab]
+        logits = model(new_ids, positions, kv, logits_rows=[-1])[0]  # [vocab]
         tokens.append(sample_next(logits, temperature, generator))
         if tokens[-1] == eos_token_id:
             break
@@ -103,6 +103,7 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
     from .block_manager import BlockSpaceManager
     from .contiguous_allocator import ContiguousAllocator
     from .kv_storage import KVStorage, SequenceKV
+    from .paged_attention import gather_kv
 
     cfg = model.config
     tokens = [check_prompt(p, cfg.vocab_size) for p in prompts]
@@ -118,7 +119,11 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
         caches = []
         for seq_id, t in enumerate(tokens):
             manager.allocate(seq_id, len(t))  # the prompt's slots; decode slots come per step
-            caches.append(SequenceKV(storage, lambda pos, s=seq_id: manager.slot_mapping(s, pos)))
+            caches.append(SequenceKV(
+                storage, slots_of=lambda pos, s=seq_id: manager.slot_mapping(s, pos),
+                read=lambda layer, n, s=seq_id: (  # gather whole blocks, as paged attention does
+                    gather_kv(storage.k[layer], manager.tables[s].blocks, n),
+                    gather_kv(storage.v[layer], manager.tables[s].blocks, n))))
     elif kv_layout == "slabs":
         # room for every sequence's largest possible slab: admission never has to wait here
         max_len = cfg.max_position_embeddings
@@ -141,7 +146,7 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
             start = kv.num_cached_tokens
             ids = torch.tensor(seq[start:], device=param.device)
             positions = torch.arange(start, len(seq), device=param.device)
-            seq.append(int(torch.argmax(model(ids, positions, kv, last_only=True)[0])))
+            seq.append(int(torch.argmax(model(ids, positions, kv, logits_rows=[-1])[0])))
     if kv_layout == "paged":
         for seq_id in range(len(tokens)):
             manager.free(seq_id)

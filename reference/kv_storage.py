@@ -70,22 +70,48 @@ def swap_blocks(src: KVStorage, dst: KVStorage, pairs: list[tuple[int, int]]) ->
 
 # --8<-- [start:sequence_kv]
 class SequenceKV:
-    """One sequence's window onto shared storage: its positions -> slots mapping."""
+    """One sequence's window onto shared storage: its positions -> slots mapping.
 
-    def __init__(self, storage: KVStorage, slots_of: Callable[[list[int]], list[int]]):
+    New K/V go to slots_of(positions). Reading back positions [0, n) defaults to reading
+    slots_of(range(n)); a layout with a faster path passes ``read`` (paged: gather whole blocks
+    through the block table, as paged attention does).
+    """
+
+    def __init__(self, storage: KVStorage, slots_of: Callable[[list[int]], list[int]],
+                 read: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None):
         self.storage = storage
         self.slots_of = slots_of  # positions -> slots, e.g. through a block table
+        self.read = read or (lambda layer, n: storage.read(layer, torch.tensor(slots_of(
+            range(n)), device=storage.k[0].device)))
         self.num_cached_tokens = 0
+
+    def split(self, num_rows: int):
+        return [(slice(0, num_rows), self)]  # one sequence: every row is its
 
     def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        device = k.device
-        self.storage.write(layer, torch.tensor(self.slots_of(positions.tolist()), device=device),
-                           k, v)
+        slots = torch.tensor(self.slots_of(positions.tolist()), device=k.device)
+        self.storage.write(layer, slots, k, v)
         end = int(positions[-1]) + 1
         self.num_cached_tokens = max(self.num_cached_tokens, end)
-        seen = torch.arange(end, device=device)
-        keys, values = self.storage.read(layer, torch.tensor(self.slots_of(seen.tolist()),
-                                                             device=device))
-        return keys, values, seen  # [end, kv_heads, head_dim] x 2, [end]
+        keys, values = self.read(layer, end)  # [end, kv_heads, head_dim] each
+        return keys, values, torch.arange(end, device=k.device)
 # --8<-- [end:sequence_kv]
+
+
+# --8<-- [start:batch_kv]
+class BatchKV:
+    """The caches of a flat batch: the first n_0 rows are sequence 0's, the next n_1 are
+    sequence 1's, ... Attention splits the batch with it; every other layer ignores it."""
+
+    def __init__(self, parts: list[tuple[int, SequenceKV]]):
+        self.parts = parts  # (number of rows, that sequence's cache), in row order
+
+    def split(self, num_rows: int):
+        assert num_rows == sum(n for n, _ in self.parts), "batch rows and caches disagree"
+        out, start = [], 0
+        for n, cache in self.parts:
+            out.append((slice(start, start + n), cache))
+            start += n
+        return out
+# --8<-- [end:batch_kv]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import causal_attention
+from .attention import attend
 from .config import ModelConfig
 from .rope import apply_rope, rope_inv_freq
 
@@ -60,9 +60,8 @@ class LlamaAttention(nn.Module):
         q = apply_rope(q, positions, self.inv_freq)
         k = apply_rope(k, positions, self.inv_freq)  # K is stored already rotated
         # --8<-- [start:store_and_fetch]
-        keys, values, key_positions = cache.store_and_fetch(self.layer_idx, positions, k, v)
-        out = causal_attention(q, keys, values, positions, key_positions, self.scale,
-                               self.sliding_window)  # [T, heads, head_dim]
+        out = attend(cache, self.layer_idx, q, k, v, positions, self.scale,
+                     self.sliding_window)  # [T, heads, head_dim]
         # --8<-- [end:store_and_fetch]
         return self.o_proj(out.reshape(T, -1))  # [T, hidden]
 
@@ -107,11 +106,11 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
-                last_only: bool = False) -> torch.Tensor:
-        """token_ids [T], positions [T] -> logits [T, vocab] ([1, vocab] with last_only)."""
+                logits_rows=None) -> torch.Tensor:
+        """token_ids [T], positions [T] -> logits [T, vocab], or [R, vocab] for logits_rows."""
         x = self.model.embed_tokens(token_ids)  # [T, hidden]
         for layer in self.model.layers:
             x = layer(x, positions, cache)
-        if last_only:  # generation needs only the next token's distribution
-            x = x[-1:]
+        if logits_rows is not None:  # sampling needs only each sequence's last row
+            x = x[logits_rows]
         return self.lm_head(self.model.norm(x))  # [T, vocab]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import causal_attention
+from .attention import attend
 from .config import ModelConfig
 
 POSITION_OFFSET = 2  # OPT's learned position table starts at index 2
@@ -35,8 +35,7 @@ class OPTAttention(nn.Module):
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # [T, heads, head_dim]
         k = self.k_proj(x).view(T, self.num_heads, self.head_dim)
         v = self.v_proj(x).view(T, self.num_heads, self.head_dim)
-        keys, values, key_positions = cache.store_and_fetch(self.layer_idx, positions, k, v)
-        out = causal_attention(q, keys, values, positions, key_positions, self.scale)
+        out = attend(cache, self.layer_idx, q, k, v, positions, self.scale)
         return self.out_proj(out.reshape(T, -1))  # [T, hidden]
 
 
@@ -91,8 +90,8 @@ class OPTForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.word_embed_proj_dim, cfg.vocab_size, bias=False)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
-                last_only: bool = False) -> torch.Tensor:
-        """token_ids [T], positions [T] -> logits [T, vocab] ([1, vocab] with last_only)."""
+                logits_rows=None) -> torch.Tensor:
+        """token_ids [T], positions [T] -> logits [T, vocab], or [R, vocab] for logits_rows."""
         dec = self.model.decoder
         x = dec.embed_tokens(token_ids)  # [T, proj_dim]
         if hasattr(dec, "project_in"):
@@ -100,8 +99,8 @@ class OPTForCausalLM(nn.Module):
         x = x + dec.embed_positions(positions + POSITION_OFFSET)
         for layer in dec.layers:
             x = layer(x, positions, cache)
-        if last_only:
-            x = x[-1:]
+        if logits_rows is not None:
+            x = x[logits_rows]
         if hasattr(dec, "final_layer_norm"):
             x = dec.final_layer_norm(x)
         if hasattr(dec, "project_out"):

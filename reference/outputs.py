@@ -1,0 +1,24 @@
+"""What the engine hands back, in vLLM's shape: a RequestOutput per request, holding a
+CompletionOutput per generated sequence."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, float]] | None  # per generated token: {token id: logprob}
+    finish_reason: str | None  # "length" | "stop" | "abort" | None while running
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool

@@ -1,0 +1,221 @@
+"""Which tokens run in the next step: iteration-level (continuous) batching with preemption.
+
+Every step the scheduler rebuilds the batch. Finished requests left at the end of the last step
+(their memory is already free), so a waiting request can take their place now instead of
+waiting for the whole batch to finish — the fix for request-level batching.
+
+The rules, vLLM's:
+
+- First come, first served: requests are admitted in arrival order; if the head of the queue
+  does not fit, nobody behind it jumps ahead.
+- Budgets per step: at most max_num_seqs sequences running, at most max_num_batched_tokens
+  tokens computed (a decode costs 1, a prefill its prompt or its chunk), and the KV pool.
+- Preemption: when a running request cannot get a slot for its next token, the latest-arrived
+  running request gives up its memory, all of it (all-or-nothing), until the slot is found. By
+  ``recompute`` (free its blocks, queue it at the front, prefill prompt + generated tokens
+  again later) or ``swap`` (move its blocks to the CPU pool; bring them back as soon as blocks
+  free up; while any request is swapped out, no new request is admitted).
+- Without chunked prefill, a step either prefills newly admitted prompts or decodes the running
+  ones (prefills first): a long prompt stalls every decode for a step. With chunked prefill,
+  running decodes go first and prefills fill the rest of the token budget in chunks.
+- Static batching (the traditional baseline): take up to max_num_seqs requests, run them until
+  the last one finishes, padded to the longest prompt, then take the next batch.
+"""
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from .sequence import Sequence, SequenceGroup, SequenceStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    preemption_mode: str = "recompute"  # or "swap"
+    enable_chunked_prefill: bool = False
+    batching: str = "continuous"  # or "static"
+
+
+@dataclass
+class ScheduledSeq:
+    group: SequenceGroup
+    seq: Sequence
+    num_tokens: int  # tokens computed this step, from position seq.num_computed_tokens on
+
+    @property
+    def samples(self) -> bool:
+        """Does this step reach the sequence's last token, so that a next token is drawn?"""
+        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    padding_rows: list[int] = field(default_factory=list)  # static batching's wasted rows
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    def add(self, group: SequenceGroup, seq: Sequence, num_tokens: int) -> None:
+        self.scheduled.append(ScheduledSeq(group, seq, num_tokens))
+        self.num_batched_tokens += num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv):
+        self.config = config
+        self.kv = kv  # PagedKVCache or ContiguousKVCache
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
+        self.counters = Counter()  # preemptions by mode, swaps, prefill and decode tokens
+
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def groups(self):
+        return [*self.waiting, *self.running, *self.swapped]
+
+    def remove(self, group: SequenceGroup) -> None:
+        """Take a group out of whichever queue holds it and release its memory."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if group in queue:
+                queue.remove(group)
+        self.kv.free(group)  # frees only what it holds: nothing for a waiting group
+
+    # --8<-- [start:schedule]
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if self.config.batching == "static":
+            return self._schedule_static(out)
+        if not self.config.enable_chunked_prefill:
+            if not self.swapped:  # prefills first; a step that admits prompts decodes nothing
+                self._admit(out, chunked=False)
+                if out.scheduled:
+                    return out
+            self._schedule_running(out)
+            if not out.preempted:
+                self._swap_in(out)
+            return out
+        self._schedule_running(out)  # decodes (and unfinished prefill chunks) first
+        if not out.preempted:
+            self._swap_in(out)
+        if not self.swapped and not out.preempted:
+            self._admit(out, chunked=True)  # prompts fill what is left of the token budget
+        return out
+    # --8<-- [end:schedule]
+
+    def _tokens_left(self, out: SchedulerOutput) -> int:
+        return self.config.max_num_batched_tokens - out.num_batched_tokens
+
+    # --8<-- [start:running]
+    def _schedule_running(self, out: SchedulerOutput) -> None:
+        queue = deque(sorted(self.running, key=lambda g: g.arrival))
+        self.running = []
+        while queue:
+            group = queue.popleft()
+            seqs = group.unfinished_seqs()
+            if seqs[0].is_prefill:  # a chunked prompt that is not done yet
+                n = min(seqs[0].num_uncomputed_tokens, self._tokens_left(out))
+                if n > 0:
+                    out.add(group, seqs[0], n)
+                self.running.append(group)
+                continue
+            if self._tokens_left(out) < len(seqs):
+                self.running.append(group)  # no budget this step; it keeps its memory
+                continue
+            while not self.kv.can_append(group):
+                victim = queue.pop() if queue else group  # the latest arrival gives way
+                self._preempt(victim, out)
+                if victim is group:
+                    break
+            else:
+                for seq in seqs:
+                    self.kv.append(seq)
+                    out.add(group, seq, 1)
+                self.running.append(group)
+    # --8<-- [end:running]
+
+    def _admit(self, out: SchedulerOutput, chunked: bool) -> None:
+        while self.waiting:
+            group = self.waiting[0]
+            seq = group.unfinished_seqs()[0]
+            tokens = seq.num_uncomputed_tokens  # the prompt, or prompt + output to recompute
+            if len(self.running) + len(group.unfinished_seqs()) > self.config.max_num_seqs:
+                break
+            left = self._tokens_left(out)
+            if left == 0 or (not chunked and tokens > left) or not self.kv.can_admit(group):
+                break  # FCFS: whoever is behind the head waits too
+            self.waiting.popleft()
+            self.kv.admit(group)
+            group.set_status(SequenceStatus.RUNNING)
+            self.running.append(group)
+            out.add(group, seq, min(tokens, left))
+
+    def _swap_in(self, out: SchedulerOutput) -> None:
+        self.swapped.sort(key=lambda g: g.arrival)
+        while self.swapped:
+            group = self.swapped[0]
+            seqs = group.unfinished_seqs()
+            if (len(self.running) + len(seqs) > self.config.max_num_seqs
+                    or self._tokens_left(out) < len(seqs) or not self.kv.can_swap_in(group)):
+                break
+            self.swapped.pop(0)
+            self.kv.swap_in(group)
+            self.counters["swap_ins"] += 1
+            group.set_status(SequenceStatus.RUNNING)
+            for seq in seqs:
+                self.kv.append(seq)
+                out.add(group, seq, 1)
+            self.running.append(group)
+
+    # --8<-- [start:preempt]
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        """All-or-nothing: the group gives up every block it holds."""
+        out.preempted.append(group)
+        if self.config.preemption_mode == "swap" and self.kv.can_swap_out(group):
+            self.kv.swap_out(group)
+            group.set_status(SequenceStatus.SWAPPED)
+            self.swapped.append(group)
+            self.counters["preemptions_swap"] += 1
+            return
+        # recompute (or swap with no CPU space left): drop the KV, prefill everything again
+        self.kv.free(group)
+        for seq in group.unfinished_seqs():
+            seq.num_computed_tokens = 0
+        group.set_status(SequenceStatus.WAITING)
+        self.waiting.appendleft(group)  # first in line: it arrived before everyone waiting
+        self.counters["preemptions_recompute"] += 1
+    # --8<-- [end:preempt]
+
+    def _schedule_static(self, out: SchedulerOutput) -> SchedulerOutput:
+        if not self.running:  # the last batch is done: form the next one
+            while (self.waiting and len(self.running) < self.config.max_num_seqs
+                   and self.kv.can_admit(self.waiting[0])):
+                group = self.waiting.popleft()
+                self.kv.admit(group)
+                group.set_status(SequenceStatus.RUNNING)
+                self.running.append(group)
+            longest = max((len(g.seqs[0]) for g in self.running), default=0)
+            for group in self.running:  # prefill, padded to the longest prompt
+                out.add(group, group.seqs[0], len(group.seqs[0]))
+                out.padding_rows.append(longest - len(group.seqs[0]))
+            return out
+        for group in self.running:  # decode; members that finished still fill their rows
+            seq = group.seqs[0]
+            if seq.is_finished:
+                out.padding_rows.append(1)
+            else:
+                self.kv.append(seq)
+                out.add(group, seq, 1)
+        return out
+
+    def finish_static_batch_if_done(self) -> None:
+        if self.config.batching == "static" and all(g.is_finished for g in self.running):
+            for group in self.running:
+                self.kv.free(group)  # a static batch holds its memory until its last member ends
+            self.running = []
