@@ -1,7 +1,7 @@
 """The command line: ``python -m pagedllm`` or ``pagedllm``.
 
-    pagedllm demo                                  # default model, a few prompts, cache vs none
-    pagedllm generate --prompt "def main():"       # one completion (default model or --model DIR)
+    pagedllm demo                                  # the tiny model: engine, cache vs none
+    pagedllm generate --prompt "The for statement" # completions (tiny model or --model DIR)
     pagedllm kv-size opt-13b llama-3-8b --tokens 2048
 """
 
@@ -13,22 +13,15 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.reference import generate, load_model
+from pagedllm.reference import generate
 from pagedllm.reference import kv_size as kv_size_cmd
-from pagedllm.reference.generate import CACHE_KINDS
+from pagedllm.reference.engine import KV_LAYOUTS
+from pagedllm.reference.llm import LLM
+from pagedllm.reference.sampling_params import SamplingParams
 
 from .default_model import default_model_dir
 
 DEMO_PROMPTS = ["The for statement is used to", "Return a list of the", "This module provides"]
-
-
-def load_tokenizer(model_dir: Path):
-    """The checkpoint's own tokenizer through transformers, or None when the folder has none."""
-    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def timed_generate(model, prompt_ids, max_tokens: int, cache: str, **kw) -> tuple[list[int], float]:
@@ -42,56 +35,65 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Model: {model_dir}\n  pagedllm's tiny model: a 3.9M-parameter Llama-style decoder "
           "(8 query heads share 2 KV heads)\n  trained on the documentation that ships with "
           "Python. Expect grammatical, odd text.\n")
-    model = load_model(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    generate(model, tokenizer(DEMO_PROMPTS[0])["input_ids"], 4)  # warm-up, not timed
-    totals = {"contiguous": [0, 0.0], "none": [0, 0.0]}
-    for prompt in DEMO_PROMPTS:
-        ids = tokenizer(prompt)["input_ids"]
-        # End-of-text is ignored so that both runs do the same amount of work.
-        cached, t_cached = timed_generate(model, ids, args.max_tokens, "contiguous")
-        plain, t_plain = timed_generate(model, ids, args.max_tokens, "none")
-        totals["contiguous"][0] += len(cached)
-        totals["contiguous"][1] += t_cached
-        totals["none"][0] += len(plain)
-        totals["none"][1] += t_plain
-        text = " ".join(tokenizer.decode(cached).split())  # one paragraph, whatever it printed
-        print(textwrap.fill(f"{prompt} >>> {text}", width=96, subsequent_indent="    "))
-        print(f"  with cache {len(cached) / t_cached:7.1f} tok/s | "
-              f"without {len(plain) / t_plain:7.1f} tok/s | "
-              f"same tokens: {'yes' if cached == plain else 'NO'}\n")
-        if cached != plain:
-            print("error: cached and uncached generation disagree", file=sys.stderr)
-            return 1
-    speed = {k: n / t for k, (n, t) in totals.items()}
-    print(f"decode speed, {args.max_tokens} new tokens per prompt, on {torch.get_num_threads()} "
-          f"CPU threads:")
-    print(f"  with KV cache:    {speed['contiguous']:8.1f} tokens/s")
-    print(f"  without KV cache: {speed['none']:8.1f} tokens/s (every step recomputes the prefix)")
-    print(f"  speed-up:         {speed['contiguous'] / speed['none']:8.1f}x")
+    llm = LLM(model_dir)
+    # End-of-text is ignored so that every run below does the same amount of work.
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    llm.generate(DEMO_PROMPTS[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(DEMO_PROMPTS, params, use_tqdm=False)
+    engine_seconds = time.perf_counter() - start
+    for out in outs:
+        text = " ".join(out.outputs[0].text.split())  # one paragraph, whatever it printed
+        print(textwrap.fill(f"{out.prompt} >>> {text}", width=96, subsequent_indent="    "))
+    print()
+
+    # The same prompts one at a time through the plain generate loop, with and without a cache.
+    model, n_tokens = llm.engine.model, 0
+    seconds = {"contiguous": 0.0, "none": 0.0}
+    for out in outs:
+        expected = out.outputs[0].token_ids
+        for cache in seconds:
+            tokens, spent = timed_generate(model, out.prompt_token_ids, args.max_tokens, cache)
+            seconds[cache] += spent
+            if tokens != expected:
+                print(f"error: generation with cache={cache} disagrees with the engine",
+                      file=sys.stderr)
+                return 1
+        n_tokens += len(expected)
+    print(f"{n_tokens} new tokens ({args.max_tokens} per prompt), same tokens every way, "
+          f"on {torch.get_num_threads()} CPU threads:")
+    print(f"  engine, paged KV, {len(outs)} prompts batched: {n_tokens / engine_seconds:8.1f} "
+          "tokens/s")
+    print(f"  one at a time, with KV cache:      {n_tokens / seconds['contiguous']:8.1f} tokens/s")
+    print(f"  one at a time, without KV cache:   {n_tokens / seconds['none']:8.1f} tokens/s "
+          "(every step recomputes the prefix)")
+    print(f"  speed-up of the KV cache:          {seconds['none'] / seconds['contiguous']:8.1f}x")
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else default_model_dir()
-    model = load_model(model_dir, dtype=args.dtype)
-    tokenizer = load_tokenizer(model_dir)
     if args.prompt_ids is not None:
-        ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-    elif args.prompt is not None:
-        if tokenizer is None:
-            raise ValueError(f"{model_dir} has no tokenizer files; pass --prompt-ids 1,2,3")
-        ids = tokenizer(args.prompt)["input_ids"]
+        prompts = [{"prompt_token_ids": [int(t) for t in args.prompt_ids.split(",")
+                                         if t.strip()]}]
+    elif args.prompt:
+        prompts = args.prompt
     else:
-        raise ValueError("give --prompt TEXT or --prompt-ids 1,2,3")
-    generator = torch.Generator().manual_seed(args.seed)
-    eos = None if args.ignore_eos else getattr(tokenizer, "eos_token_id", None)
-    out, seconds = timed_generate(model, ids, args.max_tokens, args.cache,
-                                  temperature=args.temperature, generator=generator,
-                                  eos_token_id=eos)
-    print(tokenizer.decode(out) if tokenizer else out)
-    print(f"[{len(out)} tokens in {seconds:.2f}s, {len(out) / seconds:.1f} tok/s, "
-          f"cache={args.cache}]", file=sys.stderr)
+        raise ValueError("give --prompt TEXT (repeatable) or --prompt-ids 1,2,3")
+    llm = LLM(model_dir, dtype=args.dtype, kv_layout=args.kv_layout, block_size=args.block_size,
+              preemption_mode=args.preemption_mode, seed=args.seed)
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+                            ignore_eos=args.ignore_eos)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    for out in outs:
+        completion = out.outputs[0]
+        print(completion.text if llm.tokenizer else completion.token_ids)
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(f"[{n} tokens in {seconds:.2f}s, {n / seconds:.1f} tok/s, kv_layout={args.kv_layout}, "
+          f"finish: {', '.join(o.outputs[0].finish_reason for o in outs)}]", file=sys.stderr)
     return 0
 
 
@@ -103,15 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=128)
     demo.set_defaults(func=cmd_demo)
 
-    gen = sub.add_parser("generate", help="complete one prompt")
-    gen.add_argument("--model", help="Hugging Face checkpoint folder (default: the demo model)")
-    gen.add_argument("--prompt", help="text, encoded with the checkpoint's tokenizer")
+    gen = sub.add_parser("generate", help="complete prompts with the engine")
+    gen.add_argument("--model", help="Hugging Face checkpoint folder (default: the tiny model)")
+    gen.add_argument("--prompt", action="append", help="text (repeat for a batch)")
     gen.add_argument("--prompt-ids", help="comma-separated token ids, instead of --prompt")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--cache", choices=CACHE_KINDS, default="contiguous")
-    gen.add_argument("--dtype", default=None, help="float32, bfloat16, ... (default: as saved)")
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--kv-layout", choices=KV_LAYOUTS, default="paged")
+    gen.add_argument("--block-size", type=int, default=16)
+    gen.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+    gen.add_argument("--dtype", default="float32")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.set_defaults(func=cmd_generate)
 
