@@ -49,10 +49,12 @@ class PagedKVCache:
     def never_fits(self, num_tokens: int) -> bool:
         return self.manager.blocks_needed(num_tokens) > self.num_total_blocks
 
+    # --8<-- [start:can_admit]
     def can_admit(self, group: SequenceGroup) -> bool:
         needed = sum(self.manager.blocks_needed(len(s)) for s in group.unfinished_seqs())
         return self.num_free_blocks - needed >= min(self.watermark_blocks,
                                                     self.num_total_blocks - needed)
+    # --8<-- [end:can_admit]
 
     def admit(self, group: SequenceGroup) -> None:
         for seq in group.unfinished_seqs():

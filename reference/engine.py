@@ -199,6 +199,10 @@ def _check_engine_args(kv_layout, policy, sc: SchedulerConfig, block_size, num_g
         raise ValueError("preemption_mode 'swap' moves blocks: it needs kv_layout='paged'")
     if sc.batching not in ("continuous", "static"):
         raise ValueError(f"batching {sc.batching!r} is unknown; choose 'continuous' or 'static'")
+    if sc.batching == "static" and kv_layout != "contiguous":
+        raise ValueError("batching='static' is the traditional baseline: it reserves each "
+                         "request's memory up front and never preempts, so it needs "
+                         "kv_layout='contiguous'")
     if sc.max_num_seqs < 1 or block_size < 1 or num_gpu_blocks < 1:
         raise ValueError("max_num_seqs, block_size and num_gpu_blocks must be >= 1")
     if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < sc.max_model_len:

@@ -22,7 +22,7 @@ class LLM:
                  kv_cache_memory: int | None = None, swap_space_blocks: int = 0,
                  kv_layout: str = "paged", reservation_policy: str = "max",
                  batching: str = "continuous", max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, seed: int = 0):
         if enable_prefix_caching:
@@ -38,10 +38,10 @@ class LLM:
                 per_token * block_size)
         self.model_dir = Path(model)
         self.tokenizer = _load_tokenizer(self.model_dir)
+        if max_num_batched_tokens is None:  # vLLM's default: a whole prompt fits one step
+            max_num_batched_tokens = 2048 if enable_chunked_prefill else max(2048, max_model_len)
         scheduler_config = SchedulerConfig(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=(max_num_batched_tokens if enable_chunked_prefill
-                                    else max(max_num_batched_tokens, max_model_len)),
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, preemption_mode=preemption_mode,
             enable_chunked_prefill=enable_chunked_prefill, batching=batching)
         self.engine = LLMEngine(load_model(model, dtype=dtype, device=device), self.tokenizer,

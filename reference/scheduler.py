@@ -140,6 +140,7 @@ class Scheduler:
                 self.running.append(group)
     # --8<-- [end:running]
 
+    # --8<-- [start:admit]
     def _admit(self, out: SchedulerOutput, chunked: bool) -> None:
         while self.waiting:
             group = self.waiting[0]
@@ -155,7 +156,9 @@ class Scheduler:
             group.set_status(SequenceStatus.RUNNING)
             self.running.append(group)
             out.add(group, seq, min(tokens, left))
+    # --8<-- [end:admit]
 
+    # --8<-- [start:swap_in]
     def _swap_in(self, out: SchedulerOutput) -> None:
         self.swapped.sort(key=lambda g: g.arrival)
         while self.swapped:
@@ -169,9 +172,13 @@ class Scheduler:
             self.counters["swap_ins"] += 1
             group.set_status(SequenceStatus.RUNNING)
             for seq in seqs:
-                self.kv.append(seq)
-                out.add(group, seq, 1)
+                if seq.is_prefill:  # swapped out halfway through a chunked prompt: go on with it
+                    out.add(group, seq, min(seq.num_uncomputed_tokens, self._tokens_left(out)))
+                else:
+                    self.kv.append(seq)
+                    out.add(group, seq, 1)
             self.running.append(group)
+    # --8<-- [end:swap_in]
 
     # --8<-- [start:preempt]
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
@@ -192,6 +199,7 @@ class Scheduler:
         self.counters["preemptions_recompute"] += 1
     # --8<-- [end:preempt]
 
+    # --8<-- [start:static]
     def _schedule_static(self, out: SchedulerOutput) -> SchedulerOutput:
         if not self.running:  # the last batch is done: form the next one
             while (self.waiting and len(self.running) < self.config.max_num_seqs
@@ -219,3 +227,4 @@ class Scheduler:
             for group in self.running:
                 self.kv.free(group)  # a static batch holds its memory until its last member ends
             self.running = []
+    # --8<-- [end:static]

@@ -54,6 +54,9 @@ REGIMES = {
     "chunked prefill, tiny budget": dict(enable_chunked_prefill=True, max_num_batched_tokens=6),
     "chunked prefill + preemption": dict(enable_chunked_prefill=True, max_num_batched_tokens=16,
                                          num_gpu_blocks=20, block_size=4),
+    "chunked prefill + swap": dict(enable_chunked_prefill=True, max_num_batched_tokens=8,
+                                   num_gpu_blocks=20, block_size=4, preemption_mode="swap",
+                                   swap_space_blocks=64),
     "static batches": dict(kv_layout="contiguous", batching="static", max_num_seqs=5),
     "contiguous, pow2 slabs": dict(kv_layout="contiguous", reservation_policy="pow2",
                                    num_gpu_blocks=12, block_size=16),
@@ -68,7 +71,7 @@ def test_scheduling_never_changes_a_result(checkpoints, alone, regime):
     assert tokens == alone
     if "recompute preemption" in regime or "chunked prefill + preemption" in regime:
         assert stats["preemptions_recompute"] > 0  # the small pool really forced preemption
-    if regime == "swap preemption":
+    if "swap" in regime:
         assert stats["preemptions_swap"] > 0 and stats["swap_ins"] == stats["preemptions_swap"]
         assert stats["swapped_blocks"] == 0
 
@@ -181,6 +184,10 @@ def test_bad_engine_arguments(checkpoints):
     path = checkpoints["llama"]
     with pytest.raises(ValueError, match="needs kv_layout='paged'"):
         LLM(path, kv_layout="contiguous", preemption_mode="swap")
+    with pytest.raises(ValueError, match="needs kv_layout='contiguous'"):
+        LLM(path, batching="static")
+    with pytest.raises(ValueError, match="must be >= max_model_len"):
+        LLM(path, max_num_batched_tokens=100)
     with pytest.raises(ValueError, match="kv_layout 'ring' is unknown"):
         LLM(path, kv_layout="ring")
     with pytest.raises(ValueError, match="exceeds the model's 256 positions"):
