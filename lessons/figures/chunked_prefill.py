@@ -1,0 +1,197 @@
+"""Tokens per step when a long prompt arrives among running decodes, with and without chunked
+prefill (lesson 6's figure).
+
+The script runs the real engine (pagedllm.reference.llm.LLM) on a small random-weight Llama
+checkpoint written to a temporary folder. Four short requests (prompts of 4 to 7 tokens, 30
+output tokens each) start decoding; before step 6 a request with a 200-token prompt (8 output
+tokens) arrives. Greedy, ignore_eos, so every request produces exactly max_tokens. Two runs:
+
+- enable_chunked_prefill=False: a step either prefills newly admitted prompts or decodes the
+  running requests. The token budget must hold a whole prompt, so it is at least max_model_len
+  (256 here): the long prompt is computed in one step, and that step decodes nothing.
+- enable_chunked_prefill=True, max_num_batched_tokens=32: running decodes are scheduled first
+  (one token each), and the prompt fills what is left of the 32-token budget, one chunk a step.
+
+The scheduler's ``schedule`` is wrapped to record each step's SchedulerOutput (who runs, how many
+tokens, prefill or decode). The script checks that both runs produce the same tokens and draws,
+for each mode, the tokens computed per step split into decode tokens, prefill of the short
+prompts and prefill of the long prompt, with the token budget. It writes chunked_prefill.png and
+chunked_prefill.json next to itself and prints a summary.
+
+    .venv/bin/python lessons/figures/chunked_prefill.py     # a few seconds
+"""
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pagedllm.reference.llm import LLM
+from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.sampling_params import SamplingParams
+
+HERE = Path(__file__).resolve().parent
+SHORT_PROMPTS = [5, 7, 4, 6]  # the four requests already decoding, d0 ... d3
+SHORT_OUTPUT = 30
+LONG_PROMPT = 200
+LONG_OUTPUT = 8
+LONG_ARRIVES = 6  # added just before this step
+CHUNK_BUDGET = 32  # max_num_batched_tokens with chunked prefill
+MODES = {"whole prompts (enable_chunked_prefill=False)": False,
+         f"chunked prefill (enable_chunked_prefill=True, max_num_batched_tokens="
+         f"{CHUNK_BUDGET})": True}
+COLORS = {"decode": "#63a4e6", "short prefill": "#1a4480", "long prefill": "#d97706"}
+
+
+def run(model_dir: str, chunked: bool) -> dict:
+    llm = LLM(model_dir, block_size=16, num_gpu_blocks=64, max_num_seqs=8,
+              enable_chunked_prefill=chunked,
+              max_num_batched_tokens=CHUNK_BUDGET)  # LLM raises it to max_model_len unchunked
+    engine = llm.engine
+    for i, n in enumerate(SHORT_PROMPTS):
+        engine.add_request(f"d{i}", {"prompt_token_ids": [(3 * i + j + 1) % 256
+                                                         for j in range(n)]},
+                           SamplingParams(temperature=0, max_tokens=SHORT_OUTPUT,
+                                          ignore_eos=True))
+    recorded = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        out = schedule()
+        tokens = {"decode": 0, "short prefill": 0, "long prefill": 0}
+        for item in out.scheduled:
+            if not item.seq.is_prefill:
+                tokens["decode"] += item.num_tokens
+            elif item.group.request_id == "long":
+                tokens["long prefill"] += item.num_tokens
+            else:
+                tokens["short prefill"] += item.num_tokens
+        recorded.append({"scheduled": [[i.group.request_id, i.num_tokens,
+                                        "prefill" if i.seq.is_prefill else "decode"]
+                                       for i in out.scheduled],
+                         "tokens": tokens,
+                         "budget": engine.scheduler.config.max_num_batched_tokens})
+        return out
+
+    engine.scheduler.schedule = recording_schedule
+    tokens, steps, first_token = {}, [], {}
+    while engine.has_unfinished_requests():
+        if len(steps) == LONG_ARRIVES:
+            engine.add_request("long", {"prompt_token_ids": [(7 * j + 2) % 256
+                                                             for j in range(LONG_PROMPT)]},
+                               SamplingParams(temperature=0, max_tokens=LONG_OUTPUT,
+                                              ignore_eos=True))
+        outputs = engine.step()
+        rec = recorded[-1]
+        rec["step"] = len(steps)
+        for o in outputs:
+            if o.outputs[0].token_ids and o.request_id not in first_token:
+                first_token[o.request_id] = len(steps)
+            if o.finished:
+                tokens[o.request_id] = o.outputs[0].token_ids
+        steps.append(rec)
+    return {"steps": steps, "tokens": tokens, "first_token_step": first_token,
+            "stats": engine.stats()}
+
+
+def summary(res: dict) -> dict:
+    steps = res["steps"]
+    after = [r for r in steps if r["step"] >= LONG_ARRIVES and r["tokens"]["long prefill"]]
+    return {
+        "steps": len(steps),
+        "budget": steps[0]["budget"],
+        "max_tokens_in_a_step_after_arrival": max(sum(r["tokens"].values())
+                                                  for r in steps[LONG_ARRIVES:]),
+        "steps_with_long_prefill": [r["step"] for r in after],
+        "decodes_in_those_steps": [r["tokens"]["decode"] for r in after],
+        "steps_without_any_decode_after_step_0": [r["step"] for r in steps[1:]
+                                                   if r["tokens"]["decode"] == 0],
+        "long_first_token_step": res["first_token_step"]["long"],
+        "long_first_token_steps_after_arrival": res["first_token_step"]["long"] - LONG_ARRIVES,
+        "short_requests_finish_step": max(
+            r["step"] for r in steps for name, _, _ in r["scheduled"] if name.startswith("d")),
+        "prefill_tokens": res["stats"]["prefill_tokens"],
+        "decode_tokens": res["stats"]["decode_tokens"],
+    }
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_steps = max(len(r["steps"]) for r in results.values())
+    fig, axes = plt.subplots(2, 1, figsize=(12, 7.8), sharex=True)
+    for ax, (title, res) in zip(axes, results.items(), strict=True):
+        steps, s = res["steps"], summary(res)
+        x = [r["step"] for r in steps]
+        bottom = [0] * len(steps)
+        for kind, color in COLORS.items():
+            vals = [r["tokens"][kind] for r in steps]
+            ax.bar(x, vals, bottom=bottom, width=0.8, color=color, label=kind)
+            bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
+        for r in steps:  # how many running requests got their next token this step
+            d = r["tokens"]["decode"]
+            ax.text(r["step"], -14, str(d), ha="center", va="center", fontsize=8,
+                    color="#1a4480" if d else "#c53030", fontweight="bold")
+        ax.text(-0.6, -14, "decodes:", ha="right", va="center", fontsize=8)
+        ax.axhline(s["budget"], color="black", linestyle="--", linewidth=1)
+        ax.text(n_steps - 0.5, s["budget"] + 5, f"token budget per step: {s['budget']}",
+                ha="right", fontsize=9)
+        ax.axvline(LONG_ARRIVES - 0.5, color="#555555", linestyle=":", linewidth=1)
+        ax.text(LONG_ARRIVES - 0.8, 150, f"the {LONG_PROMPT}-token\nprompt arrives",
+                ha="right", va="center", fontsize=9, color="#555555")
+        first = res["first_token_step"]["long"]
+        ax.annotate(f"its first token: step {first}", xy=(first + 0.2, bottom[first] + 3),
+                    xytext=(first + 3, min(bottom[first] + 60, 225)), fontsize=9, color="#9a5200",
+                    arrowprops={"arrowstyle": "->", "color": "#9a5200"})
+        stalled = s["steps_without_any_decode_after_step_0"]
+        ax.set_title(f"{title}\nlargest step after the arrival: "
+                     f"{s['max_tokens_in_a_step_after_arrival']} tokens; steps in which the "
+                     f"running requests get no token: {stalled or 'none'}; "
+                     f"all done after {s['steps']} steps", fontsize=10.5, loc="left")
+        ax.set_ylim(-22, 280)
+        ax.set_ylabel("tokens computed in the step")
+        ax.legend(loc="upper right", fontsize=9, framealpha=0.95, bbox_to_anchor=(1, 0.9))
+    axes[-1].set_xlim(-2.5, n_steps)
+    axes[-1].set_xlabel("engine step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_random_checkpoint(tmp, tiny_config("llama"), seed=0, init_std=0.2)
+        results = {title: run(tmp, chunked) for title, chunked in MODES.items()}
+    whole, chunked = results.values()
+    same = whole["tokens"] == chunked["tokens"]
+    assert same, "chunked prefill changed the tokens"
+    out = {"config": {"model": "tiny random-weight llama (tiny_config('llama'), seed 0, "
+                               "init_std 0.2), max_model_len 256",
+                      "short_prompts": SHORT_PROMPTS, "short_output": SHORT_OUTPUT,
+                      "long_prompt": LONG_PROMPT, "long_output": LONG_OUTPUT,
+                      "long_arrives_before_step": LONG_ARRIVES, "chunk_budget": CHUNK_BUDGET,
+                      "block_size": 16, "num_gpu_blocks": 64},
+           "same_tokens_in_both_modes": same,
+           "modes": {title: {"chunked": MODES[title], "summary": summary(res),
+                             "steps": res["steps"]} for title, res in results.items()}}
+    (HERE / "chunked_prefill.json").write_text(json.dumps(out, indent=1))
+    plot(results, HERE / "chunked_prefill.png")
+    for title, res in results.items():
+        s = summary(res)
+        print(title)
+        print(f"  budget {s['budget']}, steps {s['steps']}, largest step after arrival "
+              f"{s['max_tokens_in_a_step_after_arrival']} tokens, long prefill in steps "
+              f"{s['steps_with_long_prefill']} with decodes {s['decodes_in_those_steps']}, "
+              f"steps with no decode {s['steps_without_any_decode_after_step_0']}, long's "
+              f"first token at step {s['long_first_token_step']}, short requests done at step "
+              f"{s['short_requests_finish_step']}")
+    print(f"same tokens in both modes: {same}")
+
+
+if __name__ == "__main__":
+    main()
