@@ -14,10 +14,9 @@ is held out for validation, so the validation text is never trained on.
 
 import ast
 import hashlib
+import pydoc_data.topics
 import sysconfig
 from pathlib import Path
-
-import pydoc_data.topics
 
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__",
              "ensurepip", "pydoc_data"}
