@@ -37,6 +37,7 @@ class PagedKVCache:
                              dtype, "cpu")
         self.watermark_blocks = int(WATERMARK * num_gpu_blocks)
         self.num_swapped_blocks = 0
+        self.num_cow_copies = 0
 
     @property
     def num_total_blocks(self) -> int:
@@ -46,8 +47,8 @@ class PagedKVCache:
     def num_free_blocks(self) -> int:
         return self.manager.num_free_gpu_blocks
 
-    def never_fits(self, num_tokens: int) -> bool:
-        return self.manager.blocks_needed(num_tokens) > self.num_total_blocks
+    def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
+        return copies * self.manager.blocks_needed(num_tokens) > self.num_total_blocks
 
     # --8<-- [start:can_admit]
     def can_admit(self, group: SequenceGroup) -> bool:
@@ -69,11 +70,20 @@ class PagedKVCache:
         _, copy = self.manager.append_slot(seq.seq_id)
         if copy:  # copy-on-write of a shared last block (parallel sampling, beam search)
             self.gpu.copy_blocks([copy])
+            self.num_cow_copies += 1
 
     def free(self, group: SequenceGroup) -> None:
         for seq in group.seqs:
-            if seq.seq_id in self.manager.tables:
-                self.manager.free(seq.seq_id)
+            self.free_seq(seq)
+
+    def free_seq(self, seq: Sequence) -> None:
+        if seq.seq_id in self.manager.tables:
+            self.manager.free(seq.seq_id)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares every block of the parent (parallel sampling): nothing is copied
+        until one of them writes into a shared block."""
+        self.manager.fork(parent.seq_id, child.seq_id)
 
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return self.manager.can_swap_out([s.seq_id for s in group.unfinished_seqs()])
@@ -108,6 +118,7 @@ class ContiguousKVCache:
         self.max_model_len = max_model_len
         self.block_size = 1  # stats count slots as blocks of one
         self.num_swapped_blocks = 0
+        self.num_cow_copies = 0  # slabs are never shared
 
     @property
     def num_total_blocks(self) -> int:
@@ -122,7 +133,7 @@ class ContiguousKVCache:
         remaining = group.sampling_params.max_tokens - len(seq.output_token_ids)
         return len(seq), max(1, min(remaining, self.max_model_len - len(seq)))
 
-    def never_fits(self, num_tokens: int) -> bool:
+    def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
         return min(num_tokens, self.max_model_len) > self.allocator.total_slots or (
             self.allocator.policy == "max" and self.max_model_len > self.allocator.total_slots)
 
@@ -142,8 +153,11 @@ class ContiguousKVCache:
 
     def free(self, group: SequenceGroup) -> None:
         for seq in group.seqs:
-            if self.allocator.holds(seq.seq_id):
-                self.allocator.free(seq.seq_id)
+            self.free_seq(seq)
+
+    def free_seq(self, seq: Sequence) -> None:
+        if self.allocator.holds(seq.seq_id):
+            self.allocator.free(seq.seq_id)
 
     def view(self, seq: Sequence) -> SequenceKV:
         start, _ = self.allocator.slab(seq.seq_id)

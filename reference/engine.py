@@ -54,16 +54,19 @@ class LLMEngine:
         if len(ids) > max_len:
             raise ValueError(f"prompt of {len(ids)} tokens is longer than max_model_len = "
                              f"{max_len}")
-        if self.kv.never_fits(min(len(ids) + params.max_tokens, max_len)):
-            raise ValueError(f"request {request_id!r} needs up to "
-                             f"{min(len(ids) + params.max_tokens, max_len)} tokens of KV memory, "
-                             "more than the whole KV pool holds: it could never finish; lower "
-                             "max_tokens or give the pool more blocks")
+        if params.n > 1 and not isinstance(self.kv, PagedKVCache):
+            raise ValueError(f"n = {params.n}: parallel samples share the prompt's blocks, "
+                             "which needs kv_layout='paged'")
+        most = min(len(ids) + params.max_tokens, max_len)
+        # At worst every sample holds its own copy of everything (after a recompute).
+        if self.kv.never_fits(most, copies=params.n):
+            raise ValueError(f"request {request_id!r} needs up to {params.n} x {most} tokens "
+                             "of KV memory, more than the whole KV pool holds: it could never "
+                             "finish; lower n or max_tokens, or give the pool more blocks")
         seed = params.seed if params.seed is not None else int(
             torch.randint(2**62, (1,), generator=self.seed_stream))
-        seq = Sequence(next(self._seq_ids), ids)
-        group = SequenceGroup(request_id, [seq], params, next(self._arrivals),
-                              torch.Generator().manual_seed(seed), prompt=text)
+        group = SequenceGroup(request_id, [], params, next(self._arrivals), seed, prompt=text)
+        group.seqs.append(Sequence(next(self._seq_ids), ids, generator=group.generator_for(0)))
         self.groups[request_id] = group
         self.scheduler.add(group)
 
@@ -108,7 +111,11 @@ class LLMEngine:
                 samples = item.samples
                 item.seq.num_computed_tokens += item.num_tokens
                 if samples:
-                    self._append_token(item.group, item.seq, next(rows))
+                    row = next(rows)
+                    for seq in self._fork_samples(item.group, item.seq):
+                        self._append_token(item.group, seq, row)
+                        if seq.is_finished and not item.group.is_finished:
+                            self.kv.free_seq(seq)  # a finished sample's blocks go back now
         touched = list(dict.fromkeys(item.group for item in sched.scheduled))
         for group in touched:
             if group.is_finished and self.config.batching == "continuous":
@@ -143,9 +150,26 @@ class LLMEngine:
         return self.model(ids_t, pos_t, BatchKV(parts), logits_rows=logits_rows)  # [S, vocab]
     # --8<-- [end:execute]
 
+    # --8<-- [start:fork_samples]
+    def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
+        """The sequences that draw a token from this sequence's logits. After the prompt of an
+        n > 1 request, that is n sequences: n - 1 children fork from the parent, sharing every
+        prompt block (reference counts up, nothing copied), each with its own generator."""
+        if seq.output_token_ids or len(group.seqs) >= group.sampling_params.n:
+            return [seq]
+        for index in range(1, group.sampling_params.n):
+            child = Sequence(next(self._seq_ids), list(seq.prompt_token_ids),
+                             num_computed_tokens=seq.num_computed_tokens,
+                             status=SequenceStatus.RUNNING,
+                             generator=group.generator_for(index), index=index)
+            self.kv.fork(seq, child)
+            group.seqs.append(child)
+        return list(group.seqs)
+    # --8<-- [end:fork_samples]
+
     def _append_token(self, group: SequenceGroup, seq: Sequence, logits: torch.Tensor) -> None:
         params = group.sampling_params
-        token, logprob, top = sample(logits, params, group.generator,
+        token, logprob, top = sample(logits, params, seq.generator,
                                      len(seq.output_token_ids), self.eos_token_id)
         seq.output_token_ids.append(token)
         seq.cumulative_logprob += logprob
@@ -163,13 +187,13 @@ class LLMEngine:
                                                               stop_reason)
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
-        seq = group.seqs[0]
-        completion = CompletionOutput(
-            0, seq.output_text, list(seq.output_token_ids), seq.cumulative_logprob,
+        completions = [CompletionOutput(
+            seq.index, seq.output_text, list(seq.output_token_ids), seq.cumulative_logprob,
             list(seq.logprobs) if group.sampling_params.logprobs is not None else None,
-            seq.finish_reason, seq.stop_reason)
-        return RequestOutput(group.request_id, group.prompt, list(seq.prompt_token_ids),
-                             [completion], group.is_finished)
+            seq.finish_reason, seq.stop_reason) for seq in group.seqs]
+        return RequestOutput(group.request_id, group.prompt,
+                             list(group.seqs[0].prompt_token_ids), completions,
+                             group.is_finished)
 
     def stats(self) -> dict:
         c = self.scheduler.counters
@@ -181,6 +205,7 @@ class LLMEngine:
             "preemptions_recompute": c["preemptions_recompute"],
             "preemptions_swap": c["preemptions_swap"], "swap_ins": c["swap_ins"],
             "swapped_blocks": self.kv.num_swapped_blocks,
+            "cow_copies": self.kv.num_cow_copies,
             "prefill_tokens": c["prefill_tokens"], "decode_tokens": c["decode_tokens"],
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped),

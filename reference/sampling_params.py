@@ -10,7 +10,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 is greedy
     top_k: int = -1  # keep the k most likely tokens; -1 keeps all
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
-    seed: int | None = None  # the request's own random stream: same seed, same tokens
+    seed: int | None = None  # sample i draws from its own generator seeded seed + i
     max_tokens: int = 16
     min_tokens: int = 0  # EOS and stop tokens are blocked until this many tokens exist
     stop: list[str] | str | None = None  # stop strings; not included in the output text
@@ -22,9 +22,6 @@ class SamplingParams:
     def __post_init__(self):
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.n > 1:
-            raise ValueError(f"n = {self.n}: parallel sampling (n > 1) is not supported by "
-                             "this engine yet; send n separate requests with their own seeds")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:

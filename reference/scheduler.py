@@ -119,10 +119,12 @@ class Scheduler:
         while queue:
             group = queue.popleft()
             seqs = group.unfinished_seqs()
-            if seqs[0].is_prefill:  # a chunked prompt that is not done yet
-                n = min(seqs[0].num_uncomputed_tokens, self._tokens_left(out))
-                if n > 0:
-                    out.add(group, seqs[0], n)
+            prefilling = [s for s in seqs if s.is_prefill]
+            if prefilling:  # chunked prompts that are not done yet
+                for seq in prefilling:
+                    n = min(seq.num_uncomputed_tokens, self._tokens_left(out))
+                    if n > 0:
+                        out.add(group, seq, n)
                 self.running.append(group)
                 continue
             if self._tokens_left(out) < len(seqs):
@@ -144,9 +146,9 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, chunked: bool) -> None:
         while self.waiting:
             group = self.waiting[0]
-            seq = group.unfinished_seqs()[0]
-            tokens = seq.num_uncomputed_tokens  # the prompt, or prompt + output to recompute
-            if len(self.running) + len(group.unfinished_seqs()) > self.config.max_num_seqs:
+            seqs = group.unfinished_seqs()  # several only when a forked group is recomputed
+            tokens = sum(s.num_uncomputed_tokens for s in seqs)  # prompt (+ output to redo)
+            if len(self.running) + len(seqs) > self.config.max_num_seqs:
                 break
             left = self._tokens_left(out)
             if left == 0 or (not chunked and tokens > left) or not self.kv.can_admit(group):
@@ -155,7 +157,10 @@ class Scheduler:
             self.kv.admit(group)
             group.set_status(SequenceStatus.RUNNING)
             self.running.append(group)
-            out.add(group, seq, min(tokens, left))
+            for seq in seqs:
+                n = min(seq.num_uncomputed_tokens, self._tokens_left(out))
+                if n > 0:
+                    out.add(group, seq, n)
     # --8<-- [end:admit]
 
     # --8<-- [start:swap_in]

@@ -3,8 +3,9 @@
 A sequence is the token ids of one continuation (prompt + output so far), its status, and how
 many of its tokens already have K/V in the cache (num_computed_tokens). A sequence group is what
 a request becomes: its sequences (one for now; several for parallel sampling and beam search),
-its sampling parameters, its random generator and its arrival order, which decides who is
-admitted first and who is preempted first.
+its sampling parameters, its seed and its arrival order, which decides who is admitted first and
+who is preempted first. With n > 1 the group starts as one sequence (the prompt is prefilled
+once); after the prompt's step it forks into n sequences that share the prompt's KV blocks.
 """
 
 import enum
@@ -34,6 +35,8 @@ class Sequence:
     logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    generator: torch.Generator | None = None  # this sequence's own random stream
+    index: int = 0  # which of the request's n samples
 
     @property
     def token_ids(self) -> list[int]:
@@ -62,8 +65,11 @@ class SequenceGroup:
     seqs: list[Sequence]
     sampling_params: SamplingParams
     arrival: int  # admission and preemption order: lower arrived first
-    generator: torch.Generator
+    seed: int  # sample i draws from torch.Generator().manual_seed(seed + i)
     prompt: str | None = None
+
+    def generator_for(self, index: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed + index)
 
     @property
     def is_finished(self) -> bool:

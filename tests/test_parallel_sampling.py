@@ -1,0 +1,78 @@
+"""Parallel sampling (n > 1): one prefill, n samples sharing the prompt's blocks, each with its
+own generator; the same tokens whatever the batch or the memory pressure."""
+
+import pytest
+import torch
+
+from pagedllm.reference.llm import LLM
+from pagedllm.reference.sampling_params import SamplingParams
+
+PROMPT = {"prompt_token_ids": list(range(40, 63))}  # 23 tokens: the last block is partly full
+
+
+def samples(llm, params, others=()):
+    """The n > 1 request arrives last, so it is the first to be preempted under pressure."""
+    outs = llm.generate([*others, PROMPT], [SamplingParams(
+        temperature=0.9, seed=50 + i, max_tokens=10, ignore_eos=True) for i in range(len(others))]
+        + [params], use_tqdm=False)
+    assert llm.stats()["blocks_used"] == 0
+    return [c.token_ids for c in sorted(outs[-1].outputs, key=lambda c: c.index)]
+
+
+@pytest.fixture(scope="module")
+def path(checkpoints):
+    return checkpoints["llama3"]
+
+
+PARAMS = SamplingParams(n=4, temperature=1.0, top_p=0.95, seed=7, max_tokens=14,
+                        ignore_eos=True)
+
+
+def test_sample_i_equals_a_single_request_with_seed_plus_i(path):
+    llm = LLM(path, block_size=4)
+    got = samples(llm, PARAMS)
+    assert len(got) == 4 and len({tuple(t) for t in got}) > 1  # the samples differ
+    for i, tokens in enumerate(got):
+        single = SamplingParams(temperature=1.0, top_p=0.95, seed=7 + i, max_tokens=14,
+                                ignore_eos=True)
+        assert samples(llm, single) == [tokens]
+    stats = llm.stats()
+    assert stats["cow_copies"] >= 3  # children copied the shared, partly filled last block
+
+
+@pytest.mark.parametrize("engine_args", [
+    dict(),
+    dict(num_gpu_blocks=44, block_size=4),  # forces recompute preemption of forked groups
+    dict(num_gpu_blocks=44, block_size=4, preemption_mode="swap", swap_space_blocks=64),
+    dict(enable_chunked_prefill=True, max_num_batched_tokens=8, block_size=4),
+])
+def test_parallel_samples_do_not_depend_on_the_batch_or_memory(path, engine_args):
+    alone = samples(LLM(path, block_size=4), PARAMS)
+    others = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (30, 12, 25, 7)]
+    llm = LLM(path, **engine_args)
+    assert samples(llm, PARAMS, others) == alone
+    if "num_gpu_blocks" in engine_args:
+        stats = llm.stats()
+        assert stats["preemptions_recompute"] + stats["preemptions_swap"] > 0
+
+
+def test_prompt_is_prefilled_once(path):
+    llm = LLM(path, block_size=4)
+    samples(llm, PARAMS)
+    assert llm.stats()["prefill_tokens"] == 23  # not 4 x 23
+
+
+def test_n_too_large_for_the_pool_is_refused(path):
+    llm = LLM(path, block_size=4, num_gpu_blocks=40)
+    with pytest.raises(ValueError, match="could never finish; lower n"):
+        llm.generate(PROMPT, SamplingParams(n=8, max_tokens=20), use_tqdm=False)
+    assert llm.generate(PROMPT, SamplingParams(n=2, max_tokens=5), use_tqdm=False)[0].finished
+    with pytest.raises(ValueError, match="needs kv_layout='paged'"):
+        LLM(path, kv_layout="contiguous").generate(PROMPT, SamplingParams(n=2), use_tqdm=False)
+
+
+def test_greedy_samples_are_identical(path):
+    llm = LLM(path)
+    got = samples(llm, SamplingParams(n=3, temperature=0, max_tokens=8, ignore_eos=True))
+    assert got[0] == got[1] == got[2]
+    assert torch.tensor(got).shape == (3, 8)
