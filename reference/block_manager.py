@@ -22,6 +22,8 @@ its row in the flat pool of slots.
 from collections import deque
 from dataclasses import dataclass, field
 
+from .prefix_cache import PrefixCache, block_key
+
 
 class BlockPool:
     """Physical blocks of one device: a free list and a reference count per block."""
@@ -64,19 +66,29 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0  # slots in use; the last block holds num_tokens - (len - 1) * block_size
     device: str = "gpu"  # "gpu" while runnable, "cpu" while swapped out
+    keys: list[str] = field(default_factory=list)  # prefix-cache keys of its leading full blocks
+    num_cached_tokens: int = 0  # tokens whose K/V came from the prefix cache at allocation
 
 
 # --8<-- [start:manager]
 class BlockSpaceManager:
     """Allocates, shares, copies on write and swaps the blocks of sequences, by sequence id."""
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0):
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
+                 enable_prefix_caching: bool = False):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.gpu = BlockPool(num_gpu_blocks, "gpu")
         self.cpu = BlockPool(num_cpu_blocks, "cpu")
         self.tables: dict[int, BlockTable] = {}
+        self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
+
+    def _new_block(self, pool: BlockPool) -> int:
+        block = pool.allocate()
+        if self.prefix_cache is not None and pool is self.gpu:
+            self.prefix_cache.evict(block)  # lazy eviction: its old content is overwritten now
+        return block
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil
@@ -85,8 +97,13 @@ class BlockSpaceManager:
     def can_allocate(self, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) <= self.gpu.num_free
 
-    def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
-        """Blocks for a new sequence's first num_tokens (its prompt); returns its block table."""
+    def allocate(self, seq_id: int, num_tokens: int,
+                 token_ids: list[int] | None = None) -> list[int]:
+        """Blocks for a new sequence's first num_tokens (its prompt); returns its block table.
+
+        With prefix caching and token_ids given, the longest cached chain of full blocks is
+        reused (shared, counts up) and table.num_cached_tokens says how many tokens it covers.
+        """
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks; free it first")
         needed = self.blocks_needed(num_tokens)
@@ -96,9 +113,36 @@ class BlockSpaceManager:
         if needed > self.gpu.num_free:
             raise RuntimeError(f"{needed} blocks needed, {self.gpu.num_free} free: "
                                "check can_allocate first")
-        table = BlockTable([self.gpu.allocate() for _ in range(needed)], num_tokens)
+        reused = self.prefix_cache.lookup(token_ids) if self.prefix_cache and token_ids else []
+        blocks = []
+        for _, block in reused:
+            if self.gpu.ref_counts[block] == 0:  # freed but still cached: take it back
+                self.gpu.free_list.remove(block)
+                self.gpu.ref_counts[block] = 1
+            else:  # in use by another sequence right now: share it
+                self.gpu.share(block)
+            blocks.append(block)
+        blocks += [self._new_block(self.gpu) for _ in range(needed - len(reused))]
+        table = BlockTable(blocks, num_tokens, keys=[key for key, _ in reused],
+                           num_cached_tokens=len(reused) * self.block_size)
+        if reused:
+            self.prefix_cache.record_hit(len(reused))
         self.tables[seq_id] = table
         return table.blocks
+
+    # --8<-- [start:mark_computed]
+    def mark_computed(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        """The K/V of the sequence's first num_computed tokens are in its blocks: give every
+        newly completed full block its key, so later requests can find it."""
+        if self.prefix_cache is None:
+            return
+        table = self._table(seq_id, device="gpu")
+        bs = self.block_size
+        for i in range(len(table.keys), num_computed // bs):
+            parent = table.keys[-1] if table.keys else None
+            table.keys.append(block_key(parent, token_ids[i * bs: (i + 1) * bs]))
+            self.prefix_cache.register(table.keys[-1], table.blocks[i])
+    # --8<-- [end:mark_computed]
 # --8<-- [end:manager]
 
     # -- decode: one more slot ---------------------------------------------------------------
@@ -125,10 +169,10 @@ class BlockSpaceManager:
         table = self._table(seq_id, device="gpu")
         copy = None
         if not self._last_block_has_room(table):
-            table.blocks.append(self.gpu.allocate())  # last block full: take a fresh one
+            table.blocks.append(self._new_block(self.gpu))  # last block full: a fresh one
         elif self.gpu.ref_counts[table.blocks[-1]] > 1:
             shared = table.blocks[-1]  # others still read it: write into a private copy
-            table.blocks[-1] = self.gpu.allocate()
+            table.blocks[-1] = self._new_block(self.gpu)
             self.gpu.release(shared)
             copy = (shared, table.blocks[-1])
         position = table.num_tokens
@@ -155,15 +199,16 @@ class BlockSpaceManager:
             raise ValueError(f"sequence {child_id} already has blocks")
         for block in parent.blocks:
             self.gpu.share(block)
-        self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens)
+        self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens,
+                                           keys=list(parent.keys))
 
     # -- release ----------------------------------------------------------------------------
     def free(self, seq_id: int) -> None:
         table = self._lookup(seq_id)
         del self.tables[seq_id]
         pool = self.gpu if table.device == "gpu" else self.cpu
-        for block in table.blocks:
-            pool.release(block)
+        for block in reversed(table.blocks):  # deepest first: with prefix caching, the shared
+            pool.release(block)  # start of a prompt outlives the tails (evicted first)
 
     # -- swapping ---------------------------------------------------------------------------
     # A sequence group (a request's samples or beams) is swapped as a unit, so pass all its
@@ -195,7 +240,7 @@ class BlockSpaceManager:
         if len(unique) > dst.num_free:
             raise ValueError(f"moving sequences {ids} to the {dst.device} needs {len(unique)} "
                              f"blocks, {dst.num_free} are free; nothing was moved")
-        moved = {block: dst.allocate() for block in unique}  # each starts with one reference
+        moved = {block: self._new_block(dst) for block in unique}  # one reference each
         seen = set()
         for seq_id in ids:
             table = self.tables[seq_id]

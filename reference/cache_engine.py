@@ -27,8 +27,10 @@ WATERMARK = 0.01  # admission leaves 1 % of the blocks free, as vLLM does, so th
 
 class PagedKVCache:
     def __init__(self, cfg, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 dtype: torch.dtype, device: str | torch.device):
-        self.manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks)
+                 dtype: torch.dtype, device: str | torch.device,
+                 enable_prefix_caching: bool = False):
+        self.manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
+                                         enable_prefix_caching)
         self.block_size = block_size
         shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         self.gpu = KVStorage(shape[0], num_gpu_blocks * block_size, *shape[1:], block_size,
@@ -59,7 +61,12 @@ class PagedKVCache:
 
     def admit(self, group: SequenceGroup) -> None:
         for seq in group.unfinished_seqs():
-            self.manager.allocate(seq.seq_id, len(seq))
+            self.manager.allocate(seq.seq_id, len(seq), seq.token_ids)
+            # tokens found in the prefix cache need no prefill
+            seq.num_computed_tokens = self.manager.tables[seq.seq_id].num_cached_tokens
+
+    def mark_computed(self, seq: Sequence) -> None:
+        self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
     def can_append(self, group: SequenceGroup) -> bool:
         needed = sum(self.manager.append_needs_block(s.seq_id) for s in group.unfinished_seqs())
@@ -144,6 +151,9 @@ class ContiguousKVCache:
     def admit(self, group: SequenceGroup) -> None:
         for seq in group.unfinished_seqs():
             self.allocator.allocate(seq.seq_id, *self._lengths(group, seq))
+
+    def mark_computed(self, seq: Sequence) -> None:
+        pass  # slabs are never shared, so there is nothing to look up later
 
     def can_append(self, group: SequenceGroup) -> bool:
         return True  # the slab was reserved for every token the request may produce

@@ -23,14 +23,16 @@ class LLMEngine:
     def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_gpu_blocks: int,
                  swap_space_blocks: int = 0, kv_layout: str = "paged",
                  reservation_policy: str = "max", scheduler_config: SchedulerConfig,
-                 seed: int = 0):
+                 enable_prefix_caching: bool = False, seed: int = 0):
         cfg = model.config
         sc = scheduler_config
         _check_engine_args(kv_layout, reservation_policy, sc, block_size, num_gpu_blocks)
+        if enable_prefix_caching and kv_layout != "paged":
+            raise ValueError("enable_prefix_caching shares blocks: it needs kv_layout='paged'")
         param = next(model.parameters())
         if kv_layout == "paged":
             self.kv = PagedKVCache(cfg, block_size, num_gpu_blocks, swap_space_blocks,
-                                   param.dtype, param.device)
+                                   param.dtype, param.device, enable_prefix_caching)
         else:
             self.kv = ContiguousKVCache(cfg, num_gpu_blocks * block_size, reservation_policy,
                                         sc.max_model_len, param.dtype, param.device)
@@ -110,6 +112,7 @@ class LLMEngine:
                 self.scheduler.counters[kind] += item.num_tokens
                 samples = item.samples
                 item.seq.num_computed_tokens += item.num_tokens
+                self.kv.mark_computed(item.seq)  # full blocks become findable by later prompts
                 if samples:
                     row = next(rows)
                     for seq in self._fork_samples(item.group, item.seq):
@@ -206,10 +209,20 @@ class LLMEngine:
             "preemptions_swap": c["preemptions_swap"], "swap_ins": c["swap_ins"],
             "swapped_blocks": self.kv.num_swapped_blocks,
             "cow_copies": self.kv.num_cow_copies,
+            **self._prefix_cache_stats(),
             "prefill_tokens": c["prefill_tokens"], "decode_tokens": c["decode_tokens"],
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped),
         }
+
+
+    def _prefix_cache_stats(self) -> dict:
+        cache = getattr(getattr(self.kv, "manager", None), "prefix_cache", None)
+        if cache is None:
+            return {}
+        return {"prefix_cache_hit_blocks": cache.hit_blocks,
+                "prefix_cache_hit_tokens": cache.hit_tokens,
+                "blocks_cached": len(cache.block_of)}
 
 
 def _check_engine_args(kv_layout, policy, sc: SchedulerConfig, block_size, num_gpu_blocks):

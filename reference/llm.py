@@ -25,8 +25,6 @@ class LLM:
                  max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, seed: int = 0):
-        if enable_prefix_caching:
-            raise ValueError("enable_prefix_caching is not supported by this engine yet")
         cfg = load_config(model)
         max_model_len = max_model_len or cfg.max_position_embeddings
         if max_model_len > cfg.max_position_embeddings:
@@ -48,7 +46,8 @@ class LLM:
                                 block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                 swap_space_blocks=swap_space_blocks, kv_layout=kv_layout,
                                 reservation_policy=reservation_policy,
-                                scheduler_config=scheduler_config, seed=seed)
+                                scheduler_config=scheduler_config,
+                                enable_prefix_caching=enable_prefix_caching, seed=seed)
         self._request_counter = 0
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None,
