@@ -5,6 +5,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .beam_search import BeamSearchOutput, BeamSearchParams, beam_search
+from .cache_engine import PagedKVCache
 from .config import load_config
 from .engine import LLMEngine
 from .kv_size import kv_size
@@ -79,6 +81,35 @@ class LLM:
                         finished[out.request_id] = out
                         bar.update(1)
         return [finished[i] for i in ids]
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """The beam_width best continuations of each prompt, best first (one prompt at a time;
+        beams share blocks through fork and copy-on-write)."""
+        engine = self.engine
+        if not isinstance(engine.kv, PagedKVCache):
+            raise ValueError("beam search shares blocks between beams: it needs "
+                             "kv_layout='paged'")
+        if engine.has_unfinished_requests():
+            raise ValueError("beam_search runs on an idle engine; finish or abort the running "
+                             "requests first")
+        prompts = [prompts] if isinstance(prompts, str | dict) else prompts
+        results = []
+        for prompt in prompts:
+            _, ids = engine._prompt_ids(prompt)
+            manager = engine.kv.manager
+            # the prompt once, plus every beam's own blocks for its tokens and one spare
+            need = manager.blocks_needed(len(ids)) + params.beam_width * (
+                manager.blocks_needed(params.max_tokens) + 1)
+            if need > manager.num_free_gpu_blocks:
+                raise ValueError(f"beam_width {params.beam_width} x max_tokens "
+                                 f"{params.max_tokens} needs up to {need} KV blocks; the pool "
+                                 f"has {manager.num_free_gpu_blocks} free")
+            out = beam_search(engine, ids, params)
+            if self.tokenizer is not None:
+                for seq in out.sequences:
+                    seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+            results.append(out)
+        return results
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -1,0 +1,71 @@
+"""Beam search on shared blocks equals transformers' beam search, and frees what it took."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pagedllm.reference.beam_search import BeamSearchParams
+from pagedllm.reference.llm import LLM
+
+
+@pytest.mark.parametrize("family", ["llama3", "opt", "qwen2"])
+@pytest.mark.parametrize("width", [1, 3])
+def test_beams_equal_transformers(checkpoints, family, width):
+    path = checkpoints[family]
+    prompt = list(range(30, 43))
+    llm = LLM(path, block_size=4)
+    out = llm.beam_search({"prompt_token_ids": prompt},
+                          BeamSearchParams(beam_width=width, max_tokens=10, ignore_eos=True))[0]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # no end-of-sequence intervenes
+    ids = torch.tensor([prompt])
+    want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
+                       num_beams=width, num_return_sequences=width, do_sample=False,
+                       length_penalty=1.0)[:, len(prompt):].tolist()
+    assert [s.tokens for s in out.sequences] == want
+    scores = [s.score for s in out.sequences]
+    assert scores == sorted(scores, reverse=True)
+    stats = llm.stats()
+    assert stats["blocks_used"] == 0 and not llm.engine.kv.manager.tables  # nothing leaked
+    if width > 1:
+        assert stats["cow_copies"] > 0  # siblings copied their parent's shared last block
+
+
+def test_beams_share_blocks_while_they_run(checkpoints):
+    """At the deepest point, the beams hold fewer blocks than separate copies would."""
+    from pagedllm.reference import beam_search as bs
+
+    llm = LLM(checkpoints["llama"], block_size=4)
+    manager = llm.engine.kv.manager
+    peak = {"held": 0, "unshared": 0}
+    original = bs._forward
+
+    def spy(engine, seqs):
+        tables = [manager.tables[s.seq_id] for s, _ in seqs]
+        peak["held"] = max(peak["held"], manager.gpu.num_blocks - manager.num_free_gpu_blocks)
+        peak["unshared"] = max(peak["unshared"], sum(len(t.blocks) for t in tables))
+        return original(engine, seqs)
+
+    bs._forward = spy
+    try:
+        llm.beam_search({"prompt_token_ids": list(range(40))},
+                        BeamSearchParams(beam_width=4, max_tokens=12, ignore_eos=True))
+    finally:
+        bs._forward = original
+    assert peak["held"] < peak["unshared"]
+
+
+def test_bad_beam_requests(checkpoints):
+    llm = LLM(checkpoints["llama"], block_size=4, num_gpu_blocks=20)
+    with pytest.raises(ValueError, match="beam_width must be >= 1"):
+        BeamSearchParams(beam_width=0, max_tokens=4)
+    with pytest.raises(ValueError, match="needs up to"):
+        llm.beam_search({"prompt_token_ids": [1, 2, 3]},
+                        BeamSearchParams(beam_width=8, max_tokens=40))
+    assert llm.stats()["blocks_used"] == 0  # refused before anything was allocated
+    ok = llm.beam_search({"prompt_token_ids": [1, 2, 3]},
+                         BeamSearchParams(beam_width=2, max_tokens=5, ignore_eos=True))[0]
+    assert len(ok.sequences) == 2
+    with pytest.raises(ValueError, match="needs kv_layout='paged'"):
+        LLM(checkpoints["llama"], kv_layout="contiguous").beam_search(
+            {"prompt_token_ids": [1]}, BeamSearchParams(beam_width=2, max_tokens=2))
