@@ -1,0 +1,67 @@
+"""Random workloads mixing parallel sampling, beam search and prefix caching, with preemption
+forced by a small pool: same tokens as a roomy pool, no leaks, no count below zero, and no
+physical block written while another sequence still holds it (checked before every write)."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagedllm.reference.beam_search import BeamSearchParams
+from pagedllm.reference.llm import LLM
+from pagedllm.reference.sampling_params import SamplingParams
+
+SHARED = list(range(200, 214))  # a common prefix some prompts start with
+
+request = st.tuples(
+    st.integers(1, 3),  # n
+    st.integers(1, 18),  # prompt length after the optional shared prefix
+    st.booleans(),  # starts with the shared prefix
+    st.integers(2, 10),  # max_tokens
+)
+
+
+def guard_writes(llm) -> None:
+    """Fail the moment a K/V row lands in a block that is shared or free."""
+    kv = llm.engine.kv
+    manager, write = kv.manager, kv.gpu.write
+
+    def checked(layer, slots, k, v):
+        for slot in slots.tolist():
+            count = manager.gpu.ref_counts[slot // manager.block_size]
+            assert count == 1, f"write into block {slot // manager.block_size} held {count}x"
+        write(layer, slots, k, v)
+
+    kv.gpu.write = checked
+
+
+def run_workload(path, reqs, beams, **engine_args):
+    llm = LLM(path, block_size=4, **engine_args)
+    guard_writes(llm)
+    prompts = [{"prompt_token_ids": (SHARED if shared else []) + [(7 * i + j) % 250
+                                                                   for j in range(length)]}
+               for i, (_, length, shared, _) in enumerate(reqs)]
+    params = [SamplingParams(n=n, temperature=0.9, seed=i, max_tokens=m, ignore_eos=True)
+              for i, (n, _, _, m) in enumerate(reqs)]
+    outs = [[c.token_ids for c in sorted(o.outputs, key=lambda c: c.index)]
+            for o in llm.generate(prompts, params, use_tqdm=False)]
+    beam_outs = [[s.tokens for s in llm.beam_search(prompts[i % len(prompts)], BeamSearchParams(
+        beam_width=w, max_tokens=4, ignore_eos=True))[0].sequences] for i, w in enumerate(beams)]
+    manager = llm.engine.kv.manager
+    assert all(c >= 0 for c in manager.gpu.ref_counts + manager.cpu.ref_counts)
+    assert manager.num_free_gpu_blocks == manager.gpu.num_blocks and not manager.tables
+    assert manager.num_free_cpu_blocks == manager.cpu.num_blocks
+    return outs, beam_outs, llm.stats()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(reqs=st.lists(request, min_size=2, max_size=6),
+       beams=st.lists(st.integers(1, 3), max_size=2),
+       mode=st.sampled_from(["recompute", "swap"]), caching=st.booleans())
+def test_mixed_sharing_under_pressure(checkpoints, reqs, beams, mode, caching):
+    path = checkpoints["llama3"]
+    roomy = run_workload(path, reqs, beams)
+    # the largest request must still fit: n copies of (prompt + output) in 4-token blocks
+    worst = max(n * -(-(len(SHARED) + length + m) // 4) for n, length, _, m in reqs)
+    tight = run_workload(path, reqs, beams, num_gpu_blocks=max(worst, 18), preemption_mode=mode,
+                         swap_space_blocks=200, enable_prefix_caching=caching)
+    assert tight[0] == roomy[0] and tight[1] == roomy[1]
