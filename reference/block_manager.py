@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from .prefix_cache import PrefixCache, block_key
 
 
+# --8<-- [start:pool]
 class BlockPool:
     """Physical blocks of one device: a free list and a reference count per block."""
 
@@ -57,6 +58,7 @@ class BlockPool:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             self.free_list.append(block)
+# --8<-- [end:pool]
 
 
 @dataclass
@@ -192,6 +194,7 @@ class BlockSpaceManager:
     # --8<-- [end:slot]
 
     # -- sharing ----------------------------------------------------------------------------
+    # --8<-- [start:fork]
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child starts as the parent: same blocks, counts up, nothing copied."""
         parent = self._table(parent_id, device="gpu")
@@ -201,6 +204,7 @@ class BlockSpaceManager:
             self.gpu.share(block)
         self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens,
                                            keys=list(parent.keys))
+    # --8<-- [end:fork]
 
     # -- release ----------------------------------------------------------------------------
     def free(self, seq_id: int) -> None:
@@ -233,6 +237,7 @@ class BlockSpaceManager:
         ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
         return list(dict.fromkeys(b for i in ids for b in self._table(i, device).blocks))
 
+    # --8<-- [start:move]
     def _move(self, seq_ids: int | list[int], src: BlockPool,
               dst: BlockPool) -> list[tuple[int, int]]:
         ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
@@ -252,6 +257,7 @@ class BlockSpaceManager:
             table.blocks = [moved[b] for b in table.blocks]
             table.device = dst.device
         return list(moved.items())
+    # --8<-- [end:move]
 
     # -- inspection -------------------------------------------------------------------------
     def _lookup(self, seq_id: int) -> BlockTable:

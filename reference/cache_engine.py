@@ -69,15 +69,32 @@ class PagedKVCache:
         self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
     def can_append(self, group: SequenceGroup) -> bool:
-        needed = sum(self.manager.append_needs_block(s.seq_id) for s in group.unfinished_seqs())
+        """Blocks for one more token per sequence: a fresh block where the last is full; a copy
+        where it is shared — except for the last of the group's sharers to write, when nobody
+        outside the group holds the block (by then it owns the block alone)."""
+        needed = 0
+        sharers: dict[int, int] = {}
+        for seq in group.unfinished_seqs():
+            if not self.manager.append_needs_block(seq.seq_id):
+                continue
+            table = self.manager.tables[seq.seq_id]
+            if table.num_tokens == len(table.blocks) * self.block_size:
+                needed += 1  # last block full
+            else:
+                sharers[table.blocks[-1]] = sharers.get(table.blocks[-1], 0) + 1
+        for block, count in sharers.items():
+            outside = self.manager.gpu.ref_counts[block] > count
+            needed += count if outside else count - 1
         return needed <= self.num_free_blocks
 
+    # --8<-- [start:append]
     def append(self, seq: Sequence) -> None:
         """A slot for the newest token, whose K/V this step computes."""
         _, copy = self.manager.append_slot(seq.seq_id)
         if copy:  # copy-on-write of a shared last block (parallel sampling, beam search)
             self.gpu.copy_blocks([copy])
             self.num_cow_copies += 1
+    # --8<-- [end:append]
 
     def free(self, group: SequenceGroup) -> None:
         for seq in group.seqs:

@@ -45,6 +45,7 @@ class KVStorage:
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.flat(self.k[layer])[slots], self.flat(self.v[layer])[slots]
 
+    # --8<-- [start:copy_blocks]
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: block dst becomes a copy of block src, in every layer."""
         if not pairs:
@@ -52,6 +53,7 @@ class KVStorage:
         src, dst = (torch.tensor(x) for x in zip(*pairs, strict=True))
         for cache in (*self.k, *self.v):
             cache[dst] = cache[src]
+    # --8<-- [end:copy_blocks]
 
     def fill_(self, value: float) -> None:
         """Overwrite every slot (tests poison unused slots with NaN)."""

@@ -109,6 +109,9 @@ class Scheduler:
         return out
     # --8<-- [end:schedule]
 
+    def _num_running_seqs(self) -> int:
+        return sum(g.max_running_seqs() for g in self.running)
+
     def _tokens_left(self, out: SchedulerOutput) -> int:
         return self.config.max_num_batched_tokens - out.num_batched_tokens
 
@@ -148,7 +151,7 @@ class Scheduler:
             group = self.waiting[0]
             seqs = group.unfinished_seqs()  # several only when a forked group is recomputed
             tokens = sum(s.num_uncomputed_tokens for s in seqs)  # prompt (+ output to redo)
-            if len(self.running) + len(seqs) > self.config.max_num_seqs:
+            if self._num_running_seqs() + group.max_running_seqs() > self.config.max_num_seqs:
                 break
             left = self._tokens_left(out)
             if left == 0 or (not chunked and tokens > left) or not self.kv.can_admit(group):
@@ -169,7 +172,7 @@ class Scheduler:
         while self.swapped:
             group = self.swapped[0]
             seqs = group.unfinished_seqs()
-            if (len(self.running) + len(seqs) > self.config.max_num_seqs
+            if (self._num_running_seqs() + len(seqs) > self.config.max_num_seqs
                     or self._tokens_left(out) < len(seqs) or not self.kv.can_swap_in(group)):
                 break
             self.swapped.pop(0)

@@ -68,8 +68,17 @@ class SequenceGroup:
     seed: int  # sample i draws from torch.Generator().manual_seed(seed + i)
     prompt: str | None = None
 
+    # --8<-- [start:generator]
     def generator_for(self, index: int) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed + index)
+    # --8<-- [end:generator]
+
+    def max_running_seqs(self) -> int:
+        """Sequences this group will run at once: n once its prompt is done, even before the
+        fork, so that max_num_seqs counts what admission really commits to."""
+        if len(self.seqs) == 1 and not self.seqs[0].output_token_ids:
+            return self.sampling_params.n
+        return len(self.unfinished_seqs())
 
     @property
     def is_finished(self) -> bool:

@@ -76,3 +76,37 @@ def test_greedy_samples_are_identical(path):
     got = samples(llm, SamplingParams(n=3, temperature=0, max_tokens=8, ignore_eos=True))
     assert got[0] == got[1] == got[2]
     assert torch.tensor(got).shape == (3, 8)
+
+
+def test_max_num_seqs_counts_samples_not_requests(path):
+    llm = LLM(path, block_size=4, max_num_seqs=4)
+    engine = llm.engine
+    for r in ("a", "b"):
+        engine.add_request(r, PROMPT, SamplingParams(n=3, max_tokens=4, ignore_eos=True))
+    most = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        most = max(most, sum(len(g.unfinished_seqs()) for g in engine.scheduler.running))
+    assert most == 3  # the second request's 3 samples wait: 6 would exceed max_num_seqs
+
+
+def test_the_last_sharer_writes_in_place(path):
+    """Three samples share a partly filled last block and 2 blocks are free: the first two
+    writers copy it, the third owns it by then, so the group fits without preemption."""
+    import torch
+
+    from pagedllm.reference import load_config
+    from pagedllm.reference.cache_engine import PagedKVCache
+    from pagedllm.reference.sequence import Sequence, SequenceGroup
+
+    kv = PagedKVCache(load_config(path), block_size=4, num_gpu_blocks=5, num_cpu_blocks=0,
+                      dtype=torch.float32, device="cpu")
+    seqs = [Sequence(i, list(range(10)), [1]) for i in range(3)]  # 10 tokens + 1 new each
+    group = SequenceGroup("r", seqs, SamplingParams(n=3), arrival=0, seed=0)
+    kv.manager.allocate(0, 10)  # 3 blocks, the last holding 2 of 4
+    kv.fork(seqs[0], seqs[1])
+    kv.fork(seqs[0], seqs[2])
+    assert kv.num_free_blocks == 2 and kv.can_append(group)
+    for seq in seqs:
+        kv.append(seq)
+    assert kv.num_cow_copies == 2 and kv.num_free_blocks == 0
