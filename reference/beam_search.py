@@ -11,7 +11,9 @@ pool. This is the paper's second sharing pattern (its savings: 37.6–55.2 % on 
 Scores follow Hugging Face's beam search: a beam's score is the sum of its tokens' logprobs;
 each step takes the best 2 × beam_width candidates, an end-of-sequence candidate among the first
 beam_width finishes (score divided by length ** length_penalty), and the best beam_width others
-go on. At the end the finished and running beams are ranked by length-penalised score.
+go on. At the end the finished and running beams are ranked by length-penalised score. The
+search always runs to max_tokens (transformers' early_stopping="never"); transformers' default
+stops earlier on a heuristic, which can differ once end-of-sequence tokens appear.
 """
 
 from dataclasses import dataclass, field

@@ -96,9 +96,18 @@ class BlockSpaceManager:
         return -(-num_tokens // self.block_size)  # ceil
 
     # -- admission ------------------------------------------------------------------------
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= self.gpu.num_free
+    def num_new_blocks(self, num_tokens: int, token_ids: list[int] | None = None) -> int:
+        """Free blocks an allocation takes: cached blocks another sequence holds cost none."""
+        needed = self.blocks_needed(num_tokens)
+        if self.prefix_cache is None or not token_ids:
+            return needed
+        reused = self.prefix_cache.lookup(token_ids)
+        return needed - sum(1 for _, block in reused if self.gpu.ref_counts[block] > 0)
 
+    def can_allocate(self, num_tokens: int, token_ids: list[int] | None = None) -> bool:
+        return self.num_new_blocks(num_tokens, token_ids) <= self.gpu.num_free
+
+    # --8<-- [start:allocate]
     def allocate(self, seq_id: int, num_tokens: int,
                  token_ids: list[int] | None = None) -> list[int]:
         """Blocks for a new sequence's first num_tokens (its prompt); returns its block table.
@@ -112,7 +121,7 @@ class BlockSpaceManager:
         if needed > self.gpu.num_blocks:
             raise ValueError(f"{num_tokens} tokens need {needed} blocks of {self.block_size}, "
                              f"more than the whole pool of {self.gpu.num_blocks}")
-        if needed > self.gpu.num_free:
+        if self.num_new_blocks(num_tokens, token_ids) > self.gpu.num_free:
             raise RuntimeError(f"{needed} blocks needed, {self.gpu.num_free} free: "
                                "check can_allocate first")
         reused = self.prefix_cache.lookup(token_ids) if self.prefix_cache and token_ids else []
@@ -131,6 +140,7 @@ class BlockSpaceManager:
             self.prefix_cache.record_hit(len(reused))
         self.tables[seq_id] = table
         return table.blocks
+    # --8<-- [end:allocate]
 
     # --8<-- [start:mark_computed]
     def mark_computed(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
@@ -207,12 +217,14 @@ class BlockSpaceManager:
     # --8<-- [end:fork]
 
     # -- release ----------------------------------------------------------------------------
+    # --8<-- [start:free]
     def free(self, seq_id: int) -> None:
         table = self._lookup(seq_id)
         del self.tables[seq_id]
         pool = self.gpu if table.device == "gpu" else self.cpu
         for block in reversed(table.blocks):  # deepest first: with prefix caching, the shared
             pool.release(block)  # start of a prompt outlives the tails (evicted first)
+    # --8<-- [end:free]
 
     # -- swapping ---------------------------------------------------------------------------
     # A sequence group (a request's samples or beams) is swapped as a unit, so pass all its

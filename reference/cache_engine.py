@@ -54,16 +54,19 @@ class PagedKVCache:
 
     # --8<-- [start:can_admit]
     def can_admit(self, group: SequenceGroup) -> bool:
-        needed = sum(self.manager.blocks_needed(len(s)) for s in group.unfinished_seqs())
+        needed = sum(self.manager.num_new_blocks(len(s), s.token_ids)
+                     for s in group.unfinished_seqs())
         return self.num_free_blocks - needed >= min(self.watermark_blocks,
                                                     self.num_total_blocks - needed)
     # --8<-- [end:can_admit]
 
+    # --8<-- [start:admit]
     def admit(self, group: SequenceGroup) -> None:
         for seq in group.unfinished_seqs():
             self.manager.allocate(seq.seq_id, len(seq), seq.token_ids)
             # tokens found in the prefix cache need no prefill
             seq.num_computed_tokens = self.manager.tables[seq.seq_id].num_cached_tokens
+    # --8<-- [end:admit]
 
     def mark_computed(self, seq: Sequence) -> None:
         self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)

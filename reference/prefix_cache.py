@@ -18,9 +18,11 @@ reuse the longest chain it finds instead of computing it again.
 import hashlib
 
 
+# --8<-- [start:block_key]
 def block_key(parent: str | None, token_ids: list[int]) -> str:
     """The key of a full block: its tokens and, through the parent's key, all tokens before."""
     return hashlib.sha256(f"{parent}|{','.join(map(str, token_ids))}".encode()).hexdigest()[:32]
+# --8<-- [end:block_key]
 
 
 class PrefixCache:
@@ -45,6 +47,7 @@ class PrefixCache:
         return found
     # --8<-- [end:lookup]
 
+    # --8<-- [start:register]
     def register(self, key: str, block: int) -> None:
         """A block's K/V are computed and full: remember them under their key. If another block
         already holds the key (two identical prompts in one step), the first one keeps it."""
@@ -57,6 +60,7 @@ class PrefixCache:
         key = self.key_of.pop(block, None)
         if key is not None:
             del self.block_of[key]
+    # --8<-- [end:register]
 
     def record_hit(self, num_blocks: int) -> None:
         self.hit_blocks += num_blocks

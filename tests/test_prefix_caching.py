@@ -104,3 +104,16 @@ def test_prefix_caching_needs_paged_blocks(checkpoints):
 
     with pytest.raises(ValueError, match="needs kv_layout='paged'"):
         LLM(checkpoints["llama"], kv_layout="contiguous", enable_prefix_caching=True)
+
+
+def test_cached_blocks_in_use_cost_no_free_blocks():
+    from pagedllm.reference.block_manager import BlockSpaceManager
+
+    m = BlockSpaceManager(4, 6, enable_prefix_caching=True)
+    first = list(range(100, 113))  # 13 tokens: 3 full blocks and one partial
+    m.allocate(0, 13, first)
+    m.mark_computed(0, first, 13)
+    second = first[:8] + [9, 9, 9]  # shares 2 full blocks with the running sequence
+    assert m.num_new_blocks(11, second) == 1 and m.can_allocate(11, second)
+    m.allocate(1, 11, second)
+    assert m.tables[1].num_cached_tokens == 8 and m.num_free_gpu_blocks == 1
