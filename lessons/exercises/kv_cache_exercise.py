@@ -1,0 +1,59 @@
+"""Exercise (lesson 1, "The KV cache"): write a KV cache the reference model can use.
+
+The model calls ``store_and_fetch`` once per layer per step (through ``attend`` in
+reference/attention.py). Your cache must remember every K/V row it is given and hand back
+everything the new queries may attend to. Check your work with
+
+    pytest lessons/exercises/test_kv_cache_exercise.py
+
+The test generates 24 greedy tokens with your cache and compares them with generation that uses
+no cache at all: they must be identical. It also checks that your cache really stored the tokens
+(so that ``generate`` fed only one new token per decode step).
+"""
+
+import torch
+
+
+class MyContiguousCache:
+    """One sequence's keys and values, for every layer, in position order."""
+
+    def __init__(self, num_layers: int, max_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        self.num_layers = num_layers
+        self.max_len = max_len  # the sequence never grows past this many tokens
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = device
+        # generate() reads this before each step and feeds only tokens[num_cached_tokens:].
+        # Positions [0, num_cached_tokens) must hold valid K/V in every layer.
+        self.num_cached_tokens = 0
+        # TODO: create the storage here, e.g. one tensor for K and one for V, big enough for
+        # num_layers x max_len x num_kv_heads x head_dim (the model's dtype and device).
+
+    def split(self, num_rows: int):
+        """Given, not part of the exercise: which rows of the model's flat batch are whose.
+
+        Attention (reference/attention.py, ``attend``) asks every cache this, because a batch can
+        hold tokens of several sequences. This cache holds one sequence, so every row is its own.
+        """
+        return [(slice(0, num_rows), self)]
+
+    def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store the new tokens' K/V of one layer; return all K/V the new queries may see.
+
+        positions: [T] the new tokens' positions (the whole prompt at prefill, then one token),
+        k, v: [T, num_kv_heads, head_dim], already rotated by RoPE.
+        Returns keys [S, num_kv_heads, head_dim], values [S, num_kv_heads, head_dim] and
+        key_positions [S] for S = every position stored so far in this layer, new ones included.
+        """
+        # 1. Write k and v of this layer at the rows given by `positions`.
+        # 2. Update self.num_cached_tokens: one past the last position stored.
+        # 3. Return this layer's K and V for positions 0 .. last position, and those positions
+        #    as a tensor (torch.arange) on k's device. Return a slice, not the whole
+        #    reservation: the causal mask would hide the unwritten rows, but attention would
+        #    still do max_len work at every step (the test checks the shape).
+        # The attention mask is built from key_positions, so a wrong position shows up as
+        # different tokens in the test.
+        raise NotImplementedError("exercise: implement MyContiguousCache.store_and_fetch")
