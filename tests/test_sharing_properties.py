@@ -65,3 +65,15 @@ def test_mixed_sharing_under_pressure(checkpoints, reqs, beams, mode, caching):
     tight = run_workload(path, reqs, beams, num_gpu_blocks=max(worst, 18), preemption_mode=mode,
                          swap_space_blocks=200, enable_prefix_caching=caching)
     assert tight[0] == roomy[0] and tight[1] == roomy[1]
+
+
+def test_a_fixed_mixed_workload_really_preempts(checkpoints):
+    """The pressure the property test relies on, shown on one workload in both modes."""
+    path = checkpoints["llama3"]
+    reqs = [(3, 18, True, 10), (2, 15, True, 10), (3, 10, False, 9), (1, 12, True, 8)]
+    roomy = run_workload(path, reqs, [2])
+    for mode in ("recompute", "swap"):
+        tight = run_workload(path, reqs, [2], num_gpu_blocks=33, preemption_mode=mode,
+                             swap_space_blocks=200, enable_prefix_caching=True)
+        assert tight[:2] == roomy[:2]
+        assert tight[2]["preemptions_recompute"] + tight[2]["preemptions_swap"] > 0
