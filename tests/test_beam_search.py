@@ -69,3 +69,31 @@ def test_bad_beam_requests(checkpoints):
     with pytest.raises(ValueError, match="needs kv_layout='paged'"):
         LLM(checkpoints["llama"], kv_layout="contiguous").beam_search(
             {"prompt_token_ids": [1]}, BeamSearchParams(beam_width=2, max_tokens=2))
+
+
+def test_beams_with_end_of_sequence_equal_transformers_never_stopping_early(tmp_path):
+    """A 17-token vocabulary makes end-of-sequence (token 16) common: finished beams compete
+    with running ones by length-penalised score. We always run to max_tokens, which is
+    transformers' early_stopping="never"."""
+    from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+
+    path = write_random_checkpoint(tmp_path / "v17", tiny_config("llama", vocab_size=17),
+                                   seed=0, init_std=0.2)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(path, block_size=4)
+    llm.engine.eos_token_id = 16
+    finished_some = False
+    for seed, penalty in [(0, 1.0), (1, 0.5), (2, 2.0), (3, 1.0)]:
+        prompt = torch.randint(0, 16, (6,), generator=torch.Generator().manual_seed(seed))
+        out = llm.beam_search({"prompt_token_ids": prompt.tolist()},
+                              BeamSearchParams(beam_width=3, max_tokens=12,
+                                               length_penalty=penalty))[0]
+        want = hf.generate(prompt[None], attention_mask=torch.ones(1, 6, dtype=torch.long),
+                           max_new_tokens=12, num_beams=3, num_return_sequences=3,
+                           do_sample=False, length_penalty=penalty, early_stopping="never",
+                           eos_token_id=16, pad_token_id=16)[:, 6:].tolist()
+        want = [w[: w.index(16) + 1] if 16 in w else w for w in want]  # drop the padding
+        assert [s.tokens for s in out.sequences] == want
+        finished_some |= any(s.finished for s in out.sequences)
+    assert finished_some  # end-of-sequence really intervened
+    assert llm.stats()["blocks_used"] == 0
