@@ -9,7 +9,11 @@ result.
 
 import torch
 
+from .block_manager import BlockSpaceManager
 from .cache import ContiguousCache, NoCache
+from .contiguous_allocator import ContiguousAllocator
+from .kv_storage import KVStorage, SequenceKV
+from .paged_attention import gather_kv
 
 CACHE_KINDS = ("contiguous", "none")
 
@@ -100,11 +104,6 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
     kv_layout: "per-sequence" (a ContiguousCache each), "paged" (one block pool, block_size
     tokens a block) or "slabs" (one linear space, a slab reserved per sequence under policy).
     """
-    from .block_manager import BlockSpaceManager
-    from .contiguous_allocator import ContiguousAllocator
-    from .kv_storage import KVStorage, SequenceKV
-    from .paged_attention import gather_kv
-
     cfg = model.config
     tokens = [check_prompt(p, cfg.vocab_size) for p in prompts]
     param = next(model.parameters())
