@@ -52,7 +52,7 @@ def sample_next(logits: torch.Tensor, temperature: float,
         raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
     if temperature == 0:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [vocab]
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)  # [vocab], on the CPU
     race = torch.empty_like(probs).exponential_(generator=generator)  # [vocab]
     return int(torch.argmax(probs / race))
 

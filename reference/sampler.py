@@ -20,7 +20,7 @@ from .sampling_params import SamplingParams
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
            num_generated: int, eos_token_id: int | None) -> tuple[int, float, dict[int, float]]:
     """logits [vocab] -> (token, its logprob, top-`params.logprobs` {token: logprob})."""
-    logits = logits.float()
+    logits = logits.float().cpu()  # drawn on the CPU: a request's generator lives there
     logprobs = torch.log_softmax(logits, dim=-1)  # [vocab], reported as is
     if num_generated < params.min_tokens:  # too early to stop: EOS and stop tokens are out
         blocked = list(params.stop_token_ids)
