@@ -25,7 +25,6 @@ No model runs: the simulator does only the allocator's bookkeeping (reference/si
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,9 @@ from pathlib import Path
 from pagedllm.reference.kv_size import GIB, kv_size
 from pagedllm.reference.simulator import simulate
 from pagedllm.reference.traces import WORKLOADS, synthetic_trace
+
+sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
+from bench_report import write_json  # noqa: E402
 
 # The paper's Figure 2 (values read off the figure's labels: approximate), in % of KV memory.
 PAPER_FIGURE2 = {
@@ -190,10 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     print_sensitivity(sens)
     results["seconds"] = round(time.perf_counter() - start, 2)
     print(f"\n({results['seconds']:.1f} s)")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(results, args.json)
     return results
 
 

@@ -34,7 +34,6 @@ caching saves on a workload whose requests share a system prompt:
 """
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -50,6 +49,9 @@ from pagedllm.reference.llm import LLM
 from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.reference.sampling_params import SamplingParams
 from pagedllm.reference.traces import WORKLOADS, synthetic_trace
+
+sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
+from bench_report import write_json  # noqa: E402
 
 BLOCK_SIZE = 16
 WIDTHS = (2, 4, 6)  # n for parallel sampling, beam width for beam search
@@ -602,10 +604,7 @@ def run(args, size: int) -> dict:
                "savings": savings, "prefix_caching": prefix, "notes": footnote}
     results["seconds"] = round(time.perf_counter() - start, 2)
     print(f"\n({results['seconds']:.1f} s)")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(results, args.json)
     return results
 
 

@@ -48,7 +48,6 @@ here, its cache is sized explicitly (num_blocks, max_batch_tokens).
 """
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -64,6 +63,9 @@ from pagedllm.reference.llm import LLM
 from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.reference.sampling_params import SamplingParams
 from pagedllm.reference.traces import SHAREGPT, LengthModel, synthetic_trace
+
+sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
+from bench_report import write_json  # noqa: E402
 
 # The model: Llama-style, grouped-query attention (full: 8 query heads share 2 K/V heads; quick:
 # 4 share 1), head_dim 64, float32. About 31M parameters (full) and 5M (quick): big enough that
@@ -548,10 +550,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(threads_before)  # a caller (the tests) keeps its own setting
     results["run_seconds"] = time.perf_counter() - began
     print(f"\ntotal run time {results['run_seconds']:.0f} s")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(results, args.json)
     return results
 
 
