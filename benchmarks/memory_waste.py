@@ -4,7 +4,7 @@ The paper (Kwon et al., SOSP 2023) reports that serving systems which reserve co
 memory per request keep only 20.4-38.2 % of it in actual token states, against 96.3 % for vLLM's
 paged allocator. This script replays synthetic ShareGPT-like and Alpaca-like traces (log-normal
 lengths fitted to the published means; the real datasets are not shipped, see
-reference/traces.py) through the contiguous allocator with Orca's three reservation policies and
+reference/sim/traces.py) through the contiguous allocator with Orca's three reservation policies and
 through the paged allocator, in the KV budget of OPT-13B on one A100-40GB (12 GiB, 15,728 token
 slots), and prints:
 
@@ -21,7 +21,7 @@ slots), and prints:
     python benchmarks/memory_waste.py                   # about 25 s on one CPU core
     python benchmarks/memory_waste.py --quick --json /tmp/waste.json
 
-No model runs: the simulator does only the allocator's bookkeeping (reference/simulator.py).
+No model runs: the simulator does only the allocator's bookkeeping (reference/sim/simulator.py).
 """
 
 import argparse
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from pagedllm.reference.kv_size import GIB, kv_size
-from pagedllm.reference.simulator import simulate
-from pagedllm.reference.traces import WORKLOADS, synthetic_trace
+from pagedllm.reference.sim.simulator import simulate
+from pagedllm.reference.sim.traces import WORKLOADS, synthetic_trace
 
 sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
 from bench_report import write_json  # noqa: E402

@@ -6,7 +6,7 @@ sampling (Alpaca 6.1-9.8 %, ShareGPT 16.2-30.5 %) and beam search (37.6-55.2 % a
 44.3-66.3 %). This script measures the same ratio on real runs of our engine, and what prefix
 caching saves on a workload whose requests share a system prompt:
 
-(a) Sharing savings. Requests from the Alpaca-like and ShareGPT-like traces (reference/traces.py:
+(a) Sharing savings. Requests from the Alpaca-like and ShareGPT-like traces (sim/traces.py:
     synthetic log-normal lengths fitted to the published means; the datasets are not shipped),
     prompts of random token ids, on a small random-weight Llama checkpoint (2 layers, hidden 64,
     1024 positions). Parallel sampling runs ``LLM.generate`` with SamplingParams(n, temperature
@@ -42,13 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pagedllm.reference import beam_search as beam_module
-from pagedllm.reference.beam_search import BeamSearchParams
-from pagedllm.reference.config import load_config
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.sampling_params import SamplingParams
-from pagedllm.reference.traces import WORKLOADS, synthetic_trace
+from pagedllm.reference.engine.beam_search import BeamSearchParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.config import load_config
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.sim.traces import WORKLOADS, synthetic_trace
 
 sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
 from bench_report import write_json  # noqa: E402
@@ -160,20 +159,17 @@ def measure_parallel(llm: LLM, prompts: list[dict], output_lens: list[int], n: i
 def measure_beam(llm: LLM, prompts: list[dict], output_lens: list[int], width: int) -> dict:
     """Savings of beam search of this width, snapshot before every forward of the beams."""
     meter = BlockMeter(llm.engine.kv.manager)
-    original = beam_module._forward
 
-    def forward(engine, seqs):
+    def before_forward(engine, sched, inputs):
+        seqs = [item.seq for item in sched.scheduled]
         assert len(seqs) == len(meter.manager.tables)  # the live beams hold every block
-        meter.snapshot([(len(seqs[0][0].prompt_token_ids), [s.seq_id for s, _ in seqs])])
-        return original(engine, seqs)
+        meter.snapshot([(len(seqs[0].prompt_token_ids), [s.seq_id for s in seqs])])
 
-    beam_module._forward = forward  # beam_search looks _forward up at every call
-    try:
-        for prompt, max_tokens in zip(prompts, output_lens, strict=True):
-            llm.beam_search(prompt, BeamSearchParams(beam_width=width, max_tokens=max_tokens,
-                                                     ignore_eos=True))
-    finally:
-        beam_module._forward = original
+    llm.engine.add_step_observer(before_forward)
+    for prompt, max_tokens in zip(prompts, output_lens, strict=True):
+        llm.beam_search(prompt, BeamSearchParams(beam_width=width, max_tokens=max_tokens,
+                                                 ignore_eos=True))
+    llm.engine.step_observers.remove(before_forward)
     return meter.result(with_upper=True)
 
 

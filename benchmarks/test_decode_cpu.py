@@ -25,12 +25,13 @@ def model():
 
 
 def uncached_step(model, ids):
-    return model(ids, torch.arange(len(ids)), NoCache(), logits_rows=[-1])
+    return model(ids, torch.arange(len(ids)), NoCache(), logits_indices=torch.tensor([-1]))
 
 
 def cached_step(model, ids, cache):
     # Position CONTEXT-1 is rewritten each round with the same K/V: the same work as a new token.
-    return model(ids[-1:], torch.arange(len(ids) - 1, len(ids)), cache, logits_rows=[-1])
+    return model(ids[-1:], torch.arange(len(ids) - 1, len(ids)), cache,
+                 logits_indices=torch.tensor([-1]))
 
 
 def prefilled_cache(model, ids):

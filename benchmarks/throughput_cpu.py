@@ -59,10 +59,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.sampling_params import SamplingParams
-from pagedllm.reference.traces import SHAREGPT, LengthModel, synthetic_trace
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.sim.traces import SHAREGPT, LengthModel, synthetic_trace
 
 sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
 from bench_report import write_json  # noqa: E402
@@ -78,7 +78,7 @@ MODELS = {
 }
 INIT_STD = 0.2  # as the tests use: decisive greedy choices, so the systems' tokens can be compared
 
-# The workload: ShareGPT-like log-normal lengths (reference/traces.py: the paper's means, same
+# The workload: ShareGPT-like log-normal lengths (reference/sim/traces.py: the paper's means, same
 # spreads) with the means and the maximum length divided by SCALE, so that the shape (a long
 # tail of long outputs) survives while the CPU finishes in minutes.
 SIZES = {  # name: (requests, SCALE, batch size)

@@ -1,13 +1,37 @@
 """The reference tier: plain PyTorch, one concept per file, read top to bottom.
 
 It is the specification of behaviour: the optimized tier must produce what this tier produces.
+Its subpackages show the architecture, and import one way only:
+
+- ``ops``    the step's operations on tensors (attention over the paged cache, KV writes,
+             block copies and swaps, norms, rotary, activation, sampling) — what kernels match;
+- ``model``  the models, built from Hugging Face checkpoints, calling ops through a backend;
+- ``kv``     KV memory: bookkeeping (block manager, prefix cache, slabs) apart from tensors;
+- ``engine`` scheduler, step inputs, the step, sampling parameters, LLM — it uses all three;
+- ``sim``    traces and a model-free simulator of allocation (the paper's waste figures).
+
 The KV size calculator is a command of its own: ``python -m pagedllm.reference.kv_size``.
 """
 
-from .cache import ContiguousCache, NoCache
-from .config import SUPPORTED_MODEL_TYPES, ModelConfig, load_config
-from .generate import generate
-from .model import load_model
+from .engine import (
+    LLM,
+    BeamSearchOutput,
+    BeamSearchParams,
+    CompletionOutput,
+    LLMEngine,
+    RequestOutput,
+    SamplingParams,
+    generate,
+)
+from .model import (
+    SUPPORTED_MODEL_TYPES,
+    ContiguousCache,
+    ModelConfig,
+    NoCache,
+    load_config,
+    load_model,
+)
 
-__all__ = ["ContiguousCache", "ModelConfig", "NoCache", "SUPPORTED_MODEL_TYPES",
-           "generate", "load_config", "load_model"]
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "ContiguousCache",
+           "LLMEngine", "ModelConfig", "NoCache", "RequestOutput", "SUPPORTED_MODEL_TYPES",
+           "SamplingParams", "generate", "load_config", "load_model"]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .config import load_config
+from .model.config import load_config
 
 GIB = 2**30
 

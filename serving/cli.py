@@ -15,9 +15,9 @@ import torch
 
 from pagedllm.reference import generate
 from pagedllm.reference import kv_size as kv_size_cmd
-from pagedllm.reference.engine import KV_LAYOUTS
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.engine import KV_LAYOUTS
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
 
 from .default_model import default_model_dir
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "opt")
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pagedllm.reference import generate, load_model
-from pagedllm.reference.config import SUPPORTED_MODEL_TYPES
+from pagedllm.reference.model.config import SUPPORTED_MODEL_TYPES
 
 
 def test_missing_folder(tmp_path):

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pagedllm.reference.beam_search import BeamSearchParams
-from pagedllm.reference.llm import LLM
+from pagedllm.reference.engine.beam_search import BeamSearchParams
+from pagedllm.reference.engine.llm import LLM
 
 
 @pytest.mark.parametrize("family", ["llama3", "opt", "qwen2"])
@@ -33,25 +33,18 @@ def test_beams_equal_transformers(checkpoints, family, width):
 
 def test_beams_share_blocks_while_they_run(checkpoints):
     """At the deepest point, the beams hold fewer blocks than separate copies would."""
-    from pagedllm.reference import beam_search as bs
-
     llm = LLM(checkpoints["llama"], block_size=4)
     manager = llm.engine.kv.manager
     peak = {"held": 0, "unshared": 0}
-    original = bs._forward
 
-    def spy(engine, seqs):
-        tables = [manager.tables[s.seq_id] for s, _ in seqs]
+    def spy(engine, sched, inputs):  # just before each forward: the step's slots are booked
+        tables = [manager.tables[item.seq.seq_id] for item in sched.scheduled]
         peak["held"] = max(peak["held"], manager.gpu.num_blocks - manager.num_free_gpu_blocks)
         peak["unshared"] = max(peak["unshared"], sum(len(t.blocks) for t in tables))
-        return original(engine, seqs)
 
-    bs._forward = spy
-    try:
-        llm.beam_search({"prompt_token_ids": list(range(40))},
-                        BeamSearchParams(beam_width=4, max_tokens=12, ignore_eos=True))
-    finally:
-        bs._forward = original
+    llm.engine.add_step_observer(spy)
+    llm.beam_search({"prompt_token_ids": list(range(40))},
+                    BeamSearchParams(beam_width=4, max_tokens=12, ignore_eos=True))
     assert peak["held"] < peak["unshared"]
 
 
@@ -75,7 +68,7 @@ def test_beams_with_end_of_sequence_equal_transformers_never_stopping_early(tmp_
     """A 17-token vocabulary makes end-of-sequence (token 16) common: finished beams compete
     with running ones by length-penalised score. We always run to max_tokens, which is
     transformers' early_stopping="never"."""
-    from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+    from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
     path = write_random_checkpoint(tmp_path / "v17", tiny_config("llama", vocab_size=17),
                                    seed=0, init_std=0.2)

@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedllm.reference.block_manager import BlockSpaceManager
+from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
 BLOCK_SIZE, GPU_BLOCKS, CPU_BLOCKS = 4, 12, 6
 

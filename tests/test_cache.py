@@ -19,11 +19,11 @@ def test_cached_and_uncached_generation_agree(checkpoints, family):
 def test_seeded_sampling_agrees_with_and_without_cache(checkpoints):
     model = load_model(checkpoints["llama3"])
     runs = [generate(model, [5, 6, 7], 20, temperature=0.8, cache=cache,
-                     generator=torch.Generator().manual_seed(7))
+                     seed=7)
             for cache in ("contiguous", "none", "contiguous")]
     assert runs[0] == runs[1] == runs[2]
     other_seed = generate(model, [5, 6, 7], 20, temperature=0.8,
-                          generator=torch.Generator().manual_seed(8))
+                          seed=8)
     assert other_seed != runs[0]
 
 

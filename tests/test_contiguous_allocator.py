@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedllm.reference.contiguous_allocator import (
+from pagedllm.reference.kv.contiguous_allocator import (
     POLICIES,
     ContiguousAllocator,
     next_power_of_two,

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedllm.reference import generate, load_model
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
 
 PROMPT_LENGTHS = (3, 17, 40, 9, 25, 1, 33, 12, 5, 21, 8, 30, 2, 14, 19, 27)  # 16 requests
 
@@ -99,7 +99,7 @@ def test_engine_matches_the_single_sequence_loop(checkpoints):
     out = LLM(path).generate({"prompt_token_ids": prompt}, SamplingParams(
         temperature=0.7, seed=3, max_tokens=20, ignore_eos=True), use_tqdm=False)[0]
     want = generate(model, prompt, 20, temperature=0.7,
-                    generator=torch.Generator().manual_seed(3))
+                    seed=3)
     assert out.outputs[0].token_ids == want
 
 

@@ -16,7 +16,7 @@ def test_normal_install_from_a_wheel(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for pkg in PACKAGES:
         assert f"pagedllm/{pkg}/__init__.py" in names
-    assert "pagedllm/reference/model.py" in names
+    assert "pagedllm/reference/model/loader.py" in names
     assert not any(n.startswith(("tests/", "reference/", "kernels/")) for n in names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",

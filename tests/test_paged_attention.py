@@ -1,4 +1,4 @@
-"""Paged KV storage and paged attention compute exactly what dense attention computes.
+"""The step's ops compute exactly what dense attention computes, on any query shape.
 
 Unused slots of the pool are filled with NaN: a read past a sequence's length, or through a
 wrong block, puts NaN into the output and fails the comparison.
@@ -9,20 +9,19 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedllm.reference import ContiguousCache, load_model
-from pagedllm.reference.attention import causal_attention
-from pagedllm.reference.block_manager import BlockSpaceManager
-from pagedllm.reference.generate import generate_many
-from pagedllm.reference.kv_storage import KVStorage, SequenceKV, swap_blocks
-from pagedllm.reference.paged_attention import paged_attention
+from pagedllm.reference.engine.generate import generate_many
+from pagedllm.reference.kv import BlockSpaceManager, CacheEngine
+from pagedllm.reference.model import AttentionMetadata, PagedAttention
+from pagedllm.reference.ops import causal_attention, paged_attention, store_kv
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 8, 4
 
 
-def filled_pool(seq_lens, num_blocks=24, sliding_window=None):
+def filled_pool(seq_lens, num_blocks=24):
     """A NaN-poisoned pool holding random K/V for sequences of the given lengths, interleaved."""
     manager = BlockSpaceManager(BLOCK, num_blocks)
-    storage = KVStorage(1, num_blocks * BLOCK, KV_HEADS, HEAD_DIM, BLOCK)
-    storage.fill_(float("nan"))
+    cache = CacheEngine(1, KV_HEADS, HEAD_DIM, BLOCK, num_blocks)
+    cache.fill_(float("nan"))
     dense = []
     for seq_id in range(len(seq_lens)):
         manager.allocate(seq_id, 1)
@@ -32,66 +31,99 @@ def filled_pool(seq_lens, num_blocks=24, sliding_window=None):
                 manager.append_slot(seq_id)
     for seq_id, n in enumerate(seq_lens):
         k, v = torch.randn(n, KV_HEADS, HEAD_DIM), torch.randn(n, KV_HEADS, HEAD_DIM)
-        storage.write(0, torch.tensor(manager.slot_mapping(seq_id, range(n))), k, v)
+        store_kv(k, v, cache.gpu_k[0], cache.gpu_v[0],
+                 torch.tensor(manager.slot_mapping(seq_id, range(n))))
         dense.append((k, v))
-    return manager, storage, dense
+    return manager, cache, dense
+
+
+def tables(manager, n):
+    width = max(len(manager.block_table(i)) for i in range(n))
+    return torch.tensor([manager.block_table(i) + [0] * (width - len(manager.block_table(i)))
+                         for i in range(n)], dtype=torch.int32)
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_paged_attention_matches_dense(window):
+@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1, 1], [1, 4, 2, 13, 1], [1, 3, 5, 7, 9]])
+def test_paged_attention_matches_dense_for_every_query_shape(window, query_lens):
+    """Decodes (1 query), chunks and whole prompts (up to seq_len queries), mixed in one batch."""
     seq_lens = [1, 4, 5, 13, 9]  # a single token, exactly one block, one past, several blocks
-    manager, storage, dense = filled_pool(seq_lens)
+    manager, cache, dense = filled_pool(seq_lens)
     table = manager.block_table(3)
     assert table != list(range(table[0], table[0] + len(table)))  # scattered, not contiguous
-    q = torch.randn(len(seq_lens), HEADS, HEAD_DIM)
-    got = paged_attention(q, storage.k[0], storage.v[0],
-                          [manager.block_table(i) for i in range(len(seq_lens))], seq_lens,
-                          HEAD_DIM**-0.5, window)
+    query_lens = [min(q, n) for q, n in zip(query_lens, seq_lens, strict=True)]
+    starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(int(starts[-1]), HEADS, HEAD_DIM)
+    got = paged_attention(q, cache.gpu_k[0], cache.gpu_v[0], tables(manager, len(seq_lens)),
+                          torch.tensor(seq_lens, dtype=torch.int32), starts, HEAD_DIM**-0.5,
+                          window)
     for b, (n, (k, v)) in enumerate(zip(seq_lens, dense, strict=True)):
         pos = torch.arange(n)
-        want = causal_attention(q[b: b + 1], k, v, pos[-1:], pos, HEAD_DIM**-0.5, window)
-        torch.testing.assert_close(got[b: b + 1], want, atol=1e-6, rtol=1e-5)
+        rows = slice(int(starts[b]), int(starts[b + 1]))
+        want = causal_attention(q[rows], k, v, pos[n - query_lens[b]:], pos, HEAD_DIM**-0.5,
+                                window)
+        torch.testing.assert_close(got[rows], want, atol=1e-6, rtol=1e-5)
     assert not torch.isnan(got).any()
 
 
 def test_reading_past_the_length_is_caught_by_the_poison():
-    manager, storage, _ = filled_pool([6])
+    manager, cache, _ = filled_pool([6])
     q = torch.randn(1, HEADS, HEAD_DIM)
-    out = paged_attention(q, storage.k[0], storage.v[0], [manager.block_table(0)], [7], 1.0)
+    out = paged_attention(q, cache.gpu_k[0], cache.gpu_v[0], tables(manager, 1),
+                          torch.tensor([7]), torch.tensor([0, 1]), 1.0)
     assert torch.isnan(out).all()  # slot 7 was never written: the poison shows
 
 
-def test_copy_blocks_and_swap_move_every_layer():
-    storage = KVStorage(2, 4 * BLOCK, KV_HEADS, HEAD_DIM, BLOCK)
-    for layer in range(2):
-        storage.k[layer].normal_()
-        storage.v[layer].normal_()
-    storage.copy_blocks([(1, 3)])
-    for cache in (*storage.k, *storage.v):
-        assert torch.equal(cache[3], cache[1])
-    cpu = KVStorage(2, 2 * BLOCK, KV_HEADS, HEAD_DIM, BLOCK)
-    swap_blocks(storage, cpu, [(2, 0)])
-    for gpu_cache, cpu_cache in zip((*storage.k, *storage.v), (*cpu.k, *cpu.v), strict=True):
-        assert torch.equal(cpu_cache[0], gpu_cache[2])
+def test_store_kv_skips_padding_slots():
+    cache = CacheEngine(1, KV_HEADS, HEAD_DIM, BLOCK, 2)
+    cache.fill_(float("nan"))
+    k, v = torch.randn(3, KV_HEADS, HEAD_DIM), torch.randn(3, KV_HEADS, HEAD_DIM)
+    store_kv(k, v, cache.gpu_k[0], cache.gpu_v[0], torch.tensor([5, -1, 2]))
+    flat = cache.gpu_k[0].view(-1, KV_HEADS, HEAD_DIM)
+    assert torch.equal(flat[5], k[0]) and torch.equal(flat[2], k[2])
+    assert torch.isnan(flat[[0, 1, 3, 4, 6, 7]]).all()  # -1 wrote nowhere, not to the last slot
 
 
-def test_sequence_view_feeds_the_model(checkpoints):
-    """A model step through SequenceKV equals one through the per-sequence cache."""
+def test_cache_engine_swaps_out_in_and_copies_every_layer():
+    cache = CacheEngine(2, KV_HEADS, HEAD_DIM, BLOCK, 4, num_cpu_blocks=2)
+    for t in (*cache.gpu_k, *cache.gpu_v):
+        t.normal_()
+    before = [t.clone() for t in (*cache.gpu_k, *cache.gpu_v)]
+    cache.apply(blocks_to_swap_out=[(2, 0)], blocks_to_swap_in=[], blocks_to_copy=[(1, 3)])
+    for now, then, cpu in zip((*cache.gpu_k, *cache.gpu_v), before,
+                              (*cache.cpu_k, *cache.cpu_v), strict=True):
+        assert torch.equal(cpu[0], then[2]) and torch.equal(now[3], then[1])
+    cache.apply(blocks_to_swap_out=[], blocks_to_swap_in=[(0, 0)], blocks_to_copy=[])
+    for now, then in zip((*cache.gpu_k, *cache.gpu_v), before, strict=True):
+        assert torch.equal(now[0], then[2])
+
+
+def test_paged_context_feeds_the_model(checkpoints):
+    """A prefill then a decode through the paged context equal one per-sequence pass."""
     model = load_model(checkpoints["llama3"])
     cfg = model.config
     manager = BlockSpaceManager(BLOCK, 16)
-    storage = KVStorage(cfg.num_layers, 16 * BLOCK, cfg.num_kv_heads, cfg.head_dim, BLOCK)
-    storage.fill_(float("nan"))
+    cache = CacheEngine(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, BLOCK, 16)
+    cache.fill_(float("nan"))
     manager.allocate(0, 3)  # another sequence's blocks first, so ours are not at block 0
     manager.allocate(1, 10)
-    view = SequenceKV(storage, lambda pos: manager.slot_mapping(1, pos))
     ids = torch.randint(0, cfg.vocab_size, (11,))
+
+    def context(start, end):
+        blocks = manager.block_table(1)
+        md = AttentionMetadata(
+            slot_mapping=torch.tensor(manager.slot_mapping(1, range(start, end))),
+            block_tables=torch.tensor([blocks], dtype=torch.int32),
+            seq_lens=torch.tensor([end]), query_start_loc=torch.tensor([0, end - start]),
+            seq_lens_cpu=torch.tensor([end]), query_start_loc_cpu=torch.tensor([0, end - start]))
+        return PagedAttention(md, cache.gpu_k, cache.gpu_v)
+
     with torch.no_grad():
-        model(ids[:10], torch.arange(10), view)
+        model(ids[:10], torch.arange(10), context(0, 10))
         manager.append_slot(1)
-        step = model(ids[10:], torch.arange(10, 11), view)[-1]
-        cache = ContiguousCache(cfg.num_layers, 11, cfg.num_kv_heads, cfg.head_dim)
-        full = model(ids, torch.arange(11), cache)[-1]
+        step = model(ids[10:], torch.arange(10, 11), context(10, 11))[-1]
+        full = model(ids, torch.arange(11), ContiguousCache(cfg.num_layers, 11, cfg.num_kv_heads,
+                                                            cfg.head_dim))[-1]
     torch.testing.assert_close(step, full, atol=1e-5, rtol=0)
 
 

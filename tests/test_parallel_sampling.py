@@ -4,8 +4,8 @@ own generator; the same tokens whatever the batch or the memory pressure."""
 import pytest
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
 
 PROMPT = {"prompt_token_ids": list(range(40, 63))}  # 23 tokens: the last block is partly full
 
@@ -93,14 +93,10 @@ def test_max_num_seqs_counts_samples_not_requests(path):
 def test_the_last_sharer_writes_in_place(path):
     """Three samples share a partly filled last block and 2 blocks are free: the first two
     writers copy it, the third owns it by then, so the group fits without preemption."""
-    import torch
+    from pagedllm.reference.engine.sequence import Sequence, SequenceGroup
+    from pagedllm.reference.kv import PagedKVCacheManager
 
-    from pagedllm.reference import load_config
-    from pagedllm.reference.cache_engine import PagedKVCache
-    from pagedllm.reference.sequence import Sequence, SequenceGroup
-
-    kv = PagedKVCache(load_config(path), block_size=4, num_gpu_blocks=5, num_cpu_blocks=0,
-                      dtype=torch.float32, device="cpu")
+    kv = PagedKVCacheManager(block_size=4, num_gpu_blocks=5)
     seqs = [Sequence(i, list(range(10)), [1]) for i in range(3)]  # 10 tokens + 1 new each
     group = SequenceGroup("r", seqs, SamplingParams(n=3), arrival=0, seed=0)
     kv.manager.allocate(0, 10)  # 3 blocks, the last holding 2 of 4

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedllm.reference import NoCache, generate, load_config, load_model
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 from .conftest import FAMILIES, INIT_STD
 

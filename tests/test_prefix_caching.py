@@ -2,8 +2,8 @@
 
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
 
 SYSTEM = list(range(100, 137))  # a 37-token "system prompt" shared by every request
 BLOCK = 4
@@ -107,7 +107,7 @@ def test_prefix_caching_needs_paged_blocks(checkpoints):
 
 
 def test_cached_blocks_in_use_cost_no_free_blocks():
-    from pagedllm.reference.block_manager import BlockSpaceManager
+    from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
     m = BlockSpaceManager(4, 6, enable_prefix_caching=True)
     first = list(range(100, 113))  # 13 tokens: 3 full blocks and one partial

@@ -2,12 +2,15 @@
 forced by a small pool: same tokens as a roomy pool, no leaks, no count below zero, and no
 physical block written while another sequence still holds it (checked before every write)."""
 
+from dataclasses import replace
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedllm.reference.beam_search import BeamSearchParams
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.beam_search import BeamSearchParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.ops import REFERENCE_BACKEND, store_kv
 
 SHARED = list(range(200, 214))  # a common prefix some prompts start with
 
@@ -19,23 +22,25 @@ request = st.tuples(
 )
 
 
-def guard_writes(llm) -> None:
-    """Fail the moment a K/V row lands in a block that is shared or free."""
-    kv = llm.engine.kv
-    manager, write = kv.manager, kv.gpu.write
+def write_guard(block_size: int):
+    """A backend whose store_kv fails the moment a K/V row lands in a block that is shared or
+    free (it reads the reference counts of the engine it is given to)."""
+    state = {}
 
-    def checked(layer, slots, k, v):
-        for slot in slots.tolist():
-            count = manager.gpu.ref_counts[slot // manager.block_size]
-            assert count == 1, f"write into block {slot // manager.block_size} held {count}x"
-        write(layer, slots, k, v)
+    def checked_store_kv(k, v, k_cache, v_cache, slot_mapping):
+        manager = state["engine"].kv.manager
+        for slot in slot_mapping.tolist():
+            count = manager.gpu.ref_counts[slot // block_size]
+            assert count == 1, f"write into block {slot // block_size} held {count}x"
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    kv.gpu.write = checked
+    return replace(REFERENCE_BACKEND, store_kv=checked_store_kv), state
 
 
 def run_workload(path, reqs, beams, **engine_args):
-    llm = LLM(path, block_size=4, **engine_args)
-    guard_writes(llm)
+    backend, guard = write_guard(block_size=4)
+    llm = LLM(path, block_size=4, backend=backend, **engine_args)
+    guard["engine"] = llm.engine
     prompts = [{"prompt_token_ids": (SHARED if shared else []) + [(7 * i + j) % 250
                                                                    for j in range(length)]}
                for i, (_, length, shared, _) in enumerate(reqs)]

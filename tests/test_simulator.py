@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pagedllm.reference.simulator import PARTS, PagedKV, Simulator, make_kv, simulate
-from pagedllm.reference.traces import ALPACA, SHAREGPT, Request, synthetic_trace
+from pagedllm.reference.sim.simulator import PARTS, PagedKV, Simulator, make_kv, simulate
+from pagedllm.reference.sim.traces import ALPACA, SHAREGPT, Request, synthetic_trace
 
 
 def test_fcfs_head_of_line_blocking_by_hand():

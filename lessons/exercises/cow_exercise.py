@@ -10,7 +10,7 @@ copy of its own. Check your work with
 
     pytest lessons/exercises/test_cow_exercise.py
 
-The test runs the real BlockSpaceManager (reference/block_manager.py): it allocates the prompt,
+The test runs the real BlockSpaceManager (reference/kv/block_manager.py): it allocates the prompt,
 forks n - 1 children, appends every sample's tokens, and counts the distinct physical blocks in
 use. Until you edit this file the test reports your version as skipped and checks only the
 solution.

@@ -1,8 +1,8 @@
 """Exercise (lesson 1, "The KV cache"): write a KV cache the reference model can use.
 
-The model calls ``store_and_fetch`` once per layer per step (through ``attend`` in
-reference/attention.py). Your cache must remember every K/V row it is given and hand back
-everything the new queries may attend to. Check your work with
+The model calls ``store_and_fetch`` once per layer per step (through ``attend``, which
+``OneSequenceCache`` in reference/model/cache.py gives you). Your cache must remember every K/V
+row it is given and hand back everything the new queries may attend to. Check your work with
 
     pytest lessons/exercises/test_kv_cache_exercise.py
 
@@ -13,8 +13,10 @@ no cache at all: they must be identical. It also checks that your cache really s
 
 import torch
 
+from pagedllm.reference.model.cache import OneSequenceCache
 
-class MyContiguousCache:
+
+class MyContiguousCache(OneSequenceCache):
     """One sequence's keys and values, for every layer, in position order."""
 
     def __init__(self, num_layers: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -30,14 +32,6 @@ class MyContiguousCache:
         self.num_cached_tokens = 0
         # TODO: create the storage here, e.g. one tensor for K and one for V, big enough for
         # num_layers x max_len x num_kv_heads x head_dim (the model's dtype and device).
-
-    def split(self, num_rows: int):
-        """Given, not part of the exercise: which rows of the model's flat batch are whose.
-
-        Attention (reference/attention.py, ``attend``) asks every cache this, because a batch can
-        hold tokens of several sequences. This cache holds one sequence, so every row is its own.
-        """
-        return [(slice(0, num_rows), self)]
 
     def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ Write the two functions below. Check your work with
 
     pytest lessons/exercises/test_paging_exercise.py
 
-The test grows and frees sequences in the real BlockSpaceManager (reference/block_manager.py)
+The test grows and frees sequences in the real BlockSpaceManager (reference/kv/block_manager.py)
 and compares your answers with the manager's at every step. Until you edit this file the test
 reports your version as skipped and checks only the solution.
 """

@@ -6,7 +6,7 @@ Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/cow_exercise.py (skipped while the function it needs still raises
 NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
 
-The reference is BlockSpaceManager (reference/block_manager.py). With sharing: allocate the
+The reference is BlockSpaceManager (reference/kv/block_manager.py). With sharing: allocate the
 prompt, fork n - 1 children from it (counts up, nothing copied), then append every sample's
 tokens one at a time, round-robin as the engine's steps do (append_slot copies a shared, partly
 filled last block before the first write into it). Without sharing: every sample allocates the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedllm.reference.block_manager import BlockSpaceManager
+from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
 HERE = Path(__file__).resolve().parent
 IMPLEMENTATIONS = {

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from pagedllm.reference import generate, load_model
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 # The module, not the function: pagedllm.reference exports `generate`, which hides the module
 # of the same name from attribute access.
-generate_module = importlib.import_module("pagedllm.reference.generate")
+generate_module = importlib.import_module("pagedllm.reference.engine.generate")
 
 HERE = Path(__file__).resolve().parent
 IMPLEMENTATIONS = {

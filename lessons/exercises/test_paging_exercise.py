@@ -6,7 +6,7 @@ Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/paging_exercise.py (skipped while the function it needs still raises
 NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
 
-The reference is BlockSpaceManager (reference/block_manager.py): the tests allocate sequences,
+The reference is BlockSpaceManager (reference/kv/block_manager.py): the tests allocate sequences,
 grow them one token at a time, free some so that their blocks are recycled out of order, and
 after every step compare your slot mapping and block count with the manager's own.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedllm.reference.block_manager import BlockSpaceManager
+from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
 HERE = Path(__file__).resolve().parent
 IMPLEMENTATIONS = {

@@ -1,6 +1,6 @@
 """Which request runs at which step, under static and under continuous batching (lesson 4's figure).
 
-The script runs the real engine (pagedllm.reference.llm.LLM) on a small random-weight Llama
+The script runs the real engine (pagedllm.reference.engine.llm.LLM) on a small random-weight Llama
 checkpoint written to a temporary folder. Eight requests are queued at once, with prompts of 3 to
 9 tokens and outputs of 4 to 24 tokens (greedy, ignore_eos, so each produces exactly max_tokens),
 and at most four run at a time (max_num_seqs=4). The same workload runs twice:
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 HERE = Path(__file__).resolve().parent
 PROMPT_LENS = [5, 9, 3, 7, 6, 4, 8, 5]  # tokens per prompt, request r0 ... r7

@@ -1,11 +1,11 @@
 """Blocks held by a beam search on shared blocks, against the sum of its beams' block tables
 (lesson 8's figure).
 
-The script runs the real beam search (pagedllm.reference.llm.LLM.beam_search) on a small
+The script runs the real beam search (pagedllm.reference.engine.llm.LLM.beam_search) on a small
 random-weight Llama checkpoint written to a temporary folder: a prompt of 22 tokens, beam width
-4, 48 new tokens (ignore_eos, so every beam runs to the end), blocks of 4 token slots. It wraps
-``pagedllm.reference.beam_search._forward`` (the model call of every step) and, just before the
-model runs, reads the block manager ``llm.engine.kv.manager``:
+4, 48 new tokens (ignore_eos, so every beam runs to the end), blocks of 4 token slots. A step
+observer (``engine.add_step_observer``), called just before the model runs in every step, reads
+the block manager ``llm.engine.kv.manager``:
 
 - held: the physical blocks in use in the pool (pool size minus free blocks), which is what
   the beams cost with fork and copy-on-write;
@@ -31,10 +31,9 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.reference import beam_search as bs
-from pagedllm.reference.beam_search import BeamSearchParams
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.engine.beam_search import BeamSearchParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 HERE = Path(__file__).resolve().parent
 PROMPT = [(7 * j + 3) % 256 for j in range(22)]  # 22 tokens: 5 full blocks of 4 and 2 tokens
@@ -51,11 +50,11 @@ def search(model_dir: str, width: int, block_size: int) -> dict:
     llm = LLM(model_dir, block_size=block_size)
     manager = llm.engine.kv.manager
     steps = []
-    original = bs._forward
 
-    def recording_forward(engine, seqs):
-        tables = [manager.tables[s.seq_id] for s, _ in seqs]
-        outputs = [list(s.output_token_ids) for s, _ in seqs]
+    def record(engine, sched, inputs):
+        seqs = [item.seq for item in sched.scheduled]
+        tables = [manager.tables[s.seq_id] for s in seqs]
+        outputs = [list(s.output_token_ids) for s in seqs]
         common = 0  # generated tokens every beam shares, from the first one on
         while all(len(o) > common for o in outputs) and len({o[common] for o in outputs}) == 1:
             common += 1
@@ -70,15 +69,11 @@ def search(model_dir: str, width: int, block_size: int) -> dict:
             "common_generated_tokens": common,
             "cow_copies": llm.engine.kv.num_cow_copies,
         })
-        return original(engine, seqs)
 
-    bs._forward = recording_forward
-    try:
-        out = llm.beam_search({"prompt_token_ids": PROMPT},
-                              BeamSearchParams(beam_width=width, max_tokens=MAX_TOKENS,
-                                               ignore_eos=True))[0]
-    finally:
-        bs._forward = original
+    llm.engine.add_step_observer(record)
+    out = llm.beam_search({"prompt_token_ids": PROMPT},
+                          BeamSearchParams(beam_width=width, max_tokens=MAX_TOKENS,
+                                           ignore_eos=True))[0]
     stats = llm.stats()
     assert stats["blocks_used"] == 0 and not manager.tables, "beam search leaked blocks"
     assert all(s["held"] <= s["without_sharing"] for s in steps)

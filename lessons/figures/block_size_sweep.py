@@ -2,8 +2,8 @@
 
 The script replays the same synthetic traces as benchmarks/memory_waste.py (ShareGPT-like: 3,000
 requests at 1.0 per step; Alpaca-like: 10,000 requests at 20 per step; log-normal lengths fitted
-to the paper's means, seed 0; the real datasets are not shipped, see reference/traces.py)
-through the paged allocator of reference/simulator.py, in OPT-13B's KV budget on an A100-40GB
+to the paper's means, seed 0; the real datasets are not shipped, see reference/sim/traces.py)
+through the paged allocator of reference/sim/simulator.py, in OPT-13B's KV budget on an A100-40GB
 (12 GiB, 15,728 token slots), once per block size from 1 to 256 tokens. The trace sizes, rates,
 budget and block sizes are imported from the benchmark, so the numbers are the benchmark's.
 
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from pagedllm.reference.kv_size import kv_size
-from pagedllm.reference.simulator import simulate
-from pagedllm.reference.traces import WORKLOADS, synthetic_trace
+from pagedllm.reference.sim.simulator import simulate
+from pagedllm.reference.sim.traces import WORKLOADS, synthetic_trace
 
 HERE = Path(__file__).resolve().parent
 BENCHMARK = HERE.parents[1] / "benchmarks" / "memory_waste.py"

@@ -1,6 +1,6 @@
 """Block tables of three sequences sharing one pool of physical blocks (lesson 3's figure).
 
-The script runs the real BlockSpaceManager (reference/block_manager.py): a pool of 16 blocks of
+The script runs the real BlockSpaceManager (reference/kv/block_manager.py): a pool of 16 blocks of
 4 token slots, three sequences with prompts of 5, 2 and 9 tokens, allocated in that order, then
 grown by one token each, round-robin, for 10 decode steps, as a serving engine's batch grows.
 It prints every block table and draws:
@@ -17,7 +17,7 @@ It prints every block table and draws:
 import argparse
 from pathlib import Path
 
-from pagedllm.reference.block_manager import BlockSpaceManager
+from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
 HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 4

@@ -1,7 +1,7 @@
 """Tokens per step when a long prompt arrives among running decodes, with and without chunked
 prefill (lesson 6's figure).
 
-The script runs the real engine (pagedllm.reference.llm.LLM) on a small random-weight Llama
+The script runs the real engine (pagedllm.reference.engine.llm.LLM) on a small random-weight Llama
 checkpoint written to a temporary folder. Four short requests (prompts of 4 to 7 tokens, 30
 output tokens each) start decoding; before step 6 a request with a 200-token prompt (8 output
 tokens) arrives. Greedy, ignore_eos, so every request produces exactly max_tokens. Two runs:
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 HERE = Path(__file__).resolve().parent
 SHORT_PROMPTS = [5, 7, 4, 6]  # the four requests already decoding, d0 ... d3

@@ -1,6 +1,6 @@
 """Block tables of three parallel samples before and after copy-on-write (lesson 7's figure).
 
-The script runs the real engine (pagedllm.reference.llm.LLM) on a small random-weight Llama
+The script runs the real engine (pagedllm.reference.engine.llm.LLM) on a small random-weight Llama
 checkpoint written to a temporary folder. One request: a prompt of 10 tokens, n = 3 samples of 8
 tokens each (temperature 1, seed 0, ignore_eos), blocks of 4 token slots. It reads the block
 manager's tables (seq_id -> BlockTable) and the GPU pool's reference counts after each step:
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 HERE = Path(__file__).resolve().parent
 PROMPT = list(range(10))  # token ids 0..9, so token id = position in the prompt

@@ -1,8 +1,8 @@
 """A snapshot of the KV memory under each allocator, at one simulated moment (lesson 2's figure).
 
-The script replays the same synthetic ShareGPT-like trace (reference/traces.py: log-normal
+The script replays the same synthetic ShareGPT-like trace (reference/sim/traces.py: log-normal
 lengths fitted to the paper's means; the real dataset is not shipped) through the simulator
-(reference/simulator.py) with each allocator, in OPT-13B's KV budget on an A100-40GB (12 GiB,
+(reference/sim/simulator.py) with each allocator, in OPT-13B's KV budget on an A100-40GB (12 GiB,
 15,728 token slots), stops every run at the same step, and draws the whole KV space as one strip
 per allocator, lowest slot on the left:
 
@@ -19,8 +19,8 @@ import argparse
 from pathlib import Path
 
 from pagedllm.reference.kv_size import GIB, kv_size
-from pagedllm.reference.simulator import Simulator, make_kv
-from pagedllm.reference.traces import synthetic_trace
+from pagedllm.reference.sim.simulator import Simulator, make_kv
+from pagedllm.reference.sim.traces import synthetic_trace
 
 HERE = Path(__file__).resolve().parent
 ALLOCATORS = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)",

@@ -1,6 +1,6 @@
 """Preemption in a KV pool that is too small, by recompute and by swap (lesson 5's figure).
 
-The script runs the real engine (pagedllm.reference.llm.LLM) on a small random-weight Llama
+The script runs the real engine (pagedllm.reference.engine.llm.LLM) on a small random-weight Llama
 checkpoint written to a temporary folder. Eight requests are queued at once: prompts of 10 to
 22 tokens, outputs of 18 to 34 tokens (greedy, ignore_eos, so each produces exactly max_tokens).
 The pool has 24 blocks of 4 token slots, 96 slots: five prompts fit at the start, and the eight
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 HERE = Path(__file__).resolve().parent
 PROMPT_LENS = [14, 20, 10, 17, 22, 12, 16, 19]  # tokens per prompt, request r0 ... r7

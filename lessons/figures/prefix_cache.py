@@ -1,7 +1,7 @@
 """Prefill tokens computed per request with and without prefix caching, for requests that share
 a system prompt (lesson 9's figure).
 
-The script runs the real engine (pagedllm.reference.llm.LLM) on a small random-weight Llama
+The script runs the real engine (pagedllm.reference.engine.llm.LLM) on a small random-weight Llama
 checkpoint (1,024 positions) written to a temporary folder, with blocks of 16 token slots. Two
 workloads, shaped like the paper's shared-prefix experiment (a translation prompt with one or
 five examples in front of the sentence to translate):
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 16

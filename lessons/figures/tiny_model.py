@@ -26,8 +26,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pagedllm.reference.llm import LLM  # noqa: E402
-from pagedllm.reference.sampling_params import SamplingParams  # noqa: E402
+from pagedllm.reference.engine.llm import LLM  # noqa: E402
+from pagedllm.reference.engine.sampling_params import SamplingParams  # noqa: E402
 from pagedllm.serving.default_model import default_model_dir  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -2,8 +2,8 @@
 
 import torch
 
-from pagedllm.reference.llm import LLM
-from pagedllm.reference.sampling_params import SamplingParams
+from pagedllm.reference.engine.llm import LLM
+from pagedllm.reference.engine.sampling_params import SamplingParams
 
 
 def test_engine_on_cuda_matches_cpu(checkpoints):

@@ -1,6 +1,6 @@
 """A solution to lesson 1's exercise, deliberately built differently from ContiguousCache.
 
-reference/cache.py reserves max_len rows per layer up front and writes into them. This cache
+reference/model/cache.py reserves max_len rows per layer up front and writes into them. This cache
 reserves nothing: each layer keeps a tensor that grows by concatenation. It is exactly as
 correct, uses no memory for tokens that never arrive, and pays in another currency:
 
@@ -16,8 +16,10 @@ correct, uses no memory for tokens that never arrive, and pays in another curren
 
 import torch
 
+from pagedllm.reference.model.cache import OneSequenceCache
 
-class MyContiguousCache:
+
+class MyContiguousCache(OneSequenceCache):
     """K and V of one sequence, one growing tensor per layer, appended in position order."""
 
     def __init__(self, num_layers: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -26,9 +28,6 @@ class MyContiguousCache:
         empty = torch.empty((0, num_kv_heads, head_dim), dtype=dtype, device=device)
         self.keys = [empty] * num_layers  # [n, kv_heads, head_dim] per layer; n grows
         self.values = [empty] * num_layers
-
-    def split(self, num_rows: int):
-        return [(slice(0, num_rows), self)]  # one sequence: every row of the batch is its own
 
     @property
     def num_cached_tokens(self) -> int:

@@ -1,7 +1,7 @@
 """A solution to lesson 3's exercise: block counts and slot mapping.
 
 Both functions are one line of integer arithmetic. They are the same formulas as
-``BlockSpaceManager.blocks_needed`` and ``BlockSpaceManager.slot`` in reference/block_manager.py,
+``BlockSpaceManager.blocks_needed`` and ``BlockSpaceManager.slot`` in reference/kv/block_manager.py,
 but take the block table as an argument instead of looking it up by sequence id, which is how a
 GPU kernel receives it (one row of a block-table tensor per sequence).
 """

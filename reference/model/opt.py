@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attend
 from .config import ModelConfig
 
 POSITION_OFFSET = 2  # OPT's learned position table starts at index 2
@@ -30,12 +29,12 @@ class OPTAttention(nn.Module):
         self.out_proj = nn.Linear(d, d, bias=bias)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # [T, heads, head_dim]
         k = self.k_proj(x).view(T, self.num_heads, self.head_dim)
         v = self.v_proj(x).view(T, self.num_heads, self.head_dim)
-        out = attend(cache, self.layer_idx, q, k, v, positions, self.scale)
+        out = attn.attend(self.layer_idx, q, k, v, positions, self.scale)
         return self.out_proj(out.reshape(T, -1))  # [T, hidden]
 
 
@@ -50,9 +49,9 @@ class OPTDecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, elementwise_affine=affine)
         self.pre_ln = cfg.do_layer_norm_before
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         h = self.self_attn_layer_norm(x) if self.pre_ln else x
-        x = x + self.self_attn(h, positions, cache)
+        x = x + self.self_attn(h, positions, attn)
         if not self.pre_ln:
             x = self.self_attn_layer_norm(x)
         h = self.final_layer_norm(x) if self.pre_ln else x
@@ -89,18 +88,19 @@ class OPTForCausalLM(nn.Module):
         self.model = OPTModel(cfg)
         self.lm_head = nn.Linear(cfg.word_embed_proj_dim, cfg.vocab_size, bias=False)
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
-                logits_rows=None) -> torch.Tensor:
-        """token_ids [T], positions [T] -> logits [T, vocab], or [R, vocab] for logits_rows."""
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn,
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """token_ids [T], positions [T] -> logits [T, vocab], or [S, vocab] for the rows
+        logits_indices [S]."""
         dec = self.model.decoder
         x = dec.embed_tokens(token_ids)  # [T, proj_dim]
         if hasattr(dec, "project_in"):
             x = dec.project_in(x)  # [T, hidden]
         x = x + dec.embed_positions(positions + POSITION_OFFSET)
         for layer in dec.layers:
-            x = layer(x, positions, cache)
-        if logits_rows is not None:
-            x = x[logits_rows]
+            x = layer(x, positions, attn)
+        if logits_indices is not None:
+            x = x[logits_indices]
         if hasattr(dec, "final_layer_norm"):
             x = dec.final_layer_norm(x)
         if hasattr(dec, "project_out"):

@@ -44,8 +44,8 @@ instead, so an allocator that keeps up with a light load shows its idle memory a
 from collections import deque
 from dataclasses import dataclass, field
 
-from .block_manager import BlockSpaceManager
-from .contiguous_allocator import ContiguousAllocator, KVAccounting
+from ..kv.block_manager import BlockSpaceManager
+from ..kv.contiguous_allocator import ContiguousAllocator, KVAccounting
 from .traces import Request
 
 PARTS = ("token_states", "reserved", "internal", "external", "free")

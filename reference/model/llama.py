@@ -1,8 +1,11 @@
 """The Llama family of decoders: Llama 2/3, Mistral, Qwen2, Qwen3.
 
-One sequence at a time, tokens laid flat: token_ids [T] and their positions [T]. With no cache T
-is the whole sequence; with a cache it is only the tokens not yet stored (the whole prompt at
-prefill, one token per decode step). Module and parameter names are Hugging Face's, so a
+Tokens laid flat: token_ids [T] and their positions [T], from one sequence or from many laid end
+to end (the engine's step). Only attention must keep sequences apart, and it does so through the
+attention context the forward is handed (``attention.py``); with no cache T is the whole
+sequence, with a cache only the tokens not yet stored. The step's small ops (RMSNorm with its
+residual add, rotary, SiLU-and-mul) come from the context's backend, so a faster tier swaps
+them without touching this file. Module and parameter names are Hugging Face's, so a
 checkpoint's state dict loads as it is.
 
 The members differ in small switches read from the config: grouped-query attention (fewer K/V
@@ -11,24 +14,24 @@ sliding attention window (Mistral), Llama 3's RoPE scaling, tied input/output em
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention import attend
+from ..ops import REFERENCE_BACKEND, Backend
 from .config import ModelConfig
-from .rope import apply_rope, rope_inv_freq
+from .rope import rope_inv_freq
 
 
 class RMSNorm(nn.Module):
+    """Holds the weight; the arithmetic is the backend's rms_norm (with the residual add)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()  # the mean of squares is taken in float32, as Hugging Face does
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                ops: Backend = REFERENCE_BACKEND) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class LlamaAttention(nn.Module):
@@ -50,18 +53,18 @@ class LlamaAttention(nn.Module):
         self.sliding_window = cfg.sliding_windows[layer_idx] if cfg.sliding_windows else None
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        T = x.shape[0]
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        T, ops = x.shape[0], attn.backend
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # [T, heads, head_dim]
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, kv_heads, head_dim]
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, kv_heads, head_dim]
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, self.inv_freq)
-        k = apply_rope(k, positions, self.inv_freq)  # K is stored already rotated
+        if self.qk_norm:  # Qwen3: an RMSNorm over each head's features
+            q = self.q_norm(q, ops=ops)[0]
+            k = self.k_norm(k, ops=ops)[0]
         # --8<-- [start:store_and_fetch]
-        out = attend(cache, self.layer_idx, q, k, v, positions, self.scale,
-                     self.sliding_window)  # [T, heads, head_dim]
+        q, k = ops.rotary(q, k, positions, self.inv_freq)  # K is stored already rotated
+        out = attn.attend(self.layer_idx, q, k, v, positions, self.scale,
+                          self.sliding_window)  # [T, heads, head_dim]
         # --8<-- [end:store_and_fetch]
         return self.o_proj(out.reshape(T, -1))  # [T, hidden]
 
@@ -73,8 +76,9 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+    def forward(self, x: torch.Tensor, ops: Backend = REFERENCE_BACKEND) -> torch.Tensor:
+        gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)  # [T, 2 * inter]
+        return self.down_proj(ops.silu_and_mul(gate_up))  # SwiGLU: [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -85,9 +89,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                attn) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) -> (this layer's output, the residual stream before it is added).
+
+        The residual add is deferred into the next norm (fused add + RMSNorm): the stream is
+        residual + x, the same sums in the same order as ``x = x + sublayer(norm(x))``.
+        """
+        ops = attn.backend
+        h, residual = self.input_layernorm(x, residual, ops)  # [T, hidden] each
+        h = self.self_attn(h, positions, attn)
+        h, residual = self.post_attention_layernorm(h, residual, ops)
+        return self.mlp(h, ops), residual
 
 
 class LlamaModel(nn.Module):
@@ -105,12 +118,15 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
-                logits_rows=None) -> torch.Tensor:
-        """token_ids [T], positions [T] -> logits [T, vocab], or [R, vocab] for logits_rows."""
-        x = self.model.embed_tokens(token_ids)  # [T, hidden]
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn,
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """token_ids [T], positions [T] -> logits [T, vocab], or [S, vocab] for the rows
+        logits_indices [S] (sampling needs only the rows that predict a next token)."""
+        x, residual = self.model.embed_tokens(token_ids), None  # [T, hidden]
         for layer in self.model.layers:
-            x = layer(x, positions, cache)
-        if logits_rows is not None:  # sampling needs only each sequence's last row
-            x = x[logits_rows]
-        return self.lm_head(self.model.norm(x))  # [T, vocab]
+            x, residual = layer(x, residual, positions, attn)
+        x = x + residual  # the last layer's output joins the stream
+        if logits_indices is not None:
+            x = x[logits_indices]  # [S, hidden]
+        x, _ = self.model.norm(x, ops=attn.backend)
+        return self.lm_head(x)  # [S, vocab]

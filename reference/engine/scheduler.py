@@ -20,6 +20,10 @@ The rules, vLLM's:
   running decodes go first and prefills fill the rest of the token budget in chunks.
 - Static batching (the traditional baseline): take up to max_num_seqs requests, run them until
   the last one finishes, padded to the longest prompt, then take the next batch.
+
+The scheduler decides and books; it touches no tensor. Its output lists the sequences to run and
+how many tokens each, and the data moves its decisions require — blocks to swap out, to swap
+in, to copy (copy-on-write) — which the cache engine carries out before the forward.
 """
 
 from collections import Counter, deque
@@ -50,12 +54,17 @@ class ScheduledSeq:
         return self.seq.num_computed_tokens + self.num_tokens == len(self.seq)
 
 
+# --8<-- [start:scheduler_output]
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     padding_rows: list[int] = field(default_factory=list)  # static batching's wasted rows
     preempted: list[SequenceGroup] = field(default_factory=list)
     num_batched_tokens: int = 0
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst)
+# --8<-- [end:scheduler_output]
 
     def add(self, group: SequenceGroup, seq: Sequence, num_tokens: int) -> None:
         self.scheduled.append(ScheduledSeq(group, seq, num_tokens))
@@ -65,7 +74,7 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv):
         self.config = config
-        self.kv = kv  # PagedKVCache or ContiguousKVCache
+        self.kv = kv  # PagedKVCacheManager or ContiguousKVCacheManager: bookkeeping only
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
@@ -140,7 +149,7 @@ class Scheduler:
                     break
             else:
                 for seq in seqs:
-                    self.kv.append(seq)
+                    self._append(seq, out)
                     out.add(group, seq, 1)
                 self.running.append(group)
     # --8<-- [end:running]
@@ -157,7 +166,8 @@ class Scheduler:
             if left == 0 or (not chunked and tokens > left) or not self.kv.can_admit(group):
                 break  # FCFS: whoever is behind the head waits too
             self.waiting.popleft()
-            self.kv.admit(group)
+            for seq, cached in zip(seqs, self.kv.admit(group), strict=True):
+                seq.num_computed_tokens = cached  # found in the prefix cache: no prefill
             group.set_status(SequenceStatus.RUNNING)
             self.running.append(group)
             for seq in seqs:
@@ -176,30 +186,39 @@ class Scheduler:
                     or self._tokens_left(out) < len(seqs) or not self.kv.can_swap_in(group)):
                 break
             self.swapped.pop(0)
-            self.kv.swap_in(group)
+            out.blocks_to_swap_in += self.kv.swap_in(group)
             self.counters["swap_ins"] += 1
             group.set_status(SequenceStatus.RUNNING)
             for seq in seqs:
                 if seq.is_prefill:  # swapped out halfway through a chunked prompt: go on with it
                     out.add(group, seq, min(seq.num_uncomputed_tokens, self._tokens_left(out)))
                 else:
-                    self.kv.append(seq)
+                    self._append(seq, out)
                     out.add(group, seq, 1)
             self.running.append(group)
     # --8<-- [end:swap_in]
+
+    def _append(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """A slot for the token the sequence computes this step; a shared last block is copied
+        first (copy-on-write), which the cache engine does before the forward."""
+        copy = self.kv.append(seq)
+        if copy is not None:
+            out.blocks_to_copy.append(copy)
 
     # --8<-- [start:preempt]
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
         """All-or-nothing: the group gives up every block it holds."""
         out.preempted.append(group)
         if self.config.preemption_mode == "swap" and self.kv.can_swap_out(group):
-            self.kv.swap_out(group)
+            out.blocks_to_swap_out += self.kv.swap_out(group)
             group.set_status(SequenceStatus.SWAPPED)
             self.swapped.append(group)
             self.counters["preemptions_swap"] += 1
             return
         # recompute (or swap with no CPU space left): drop the KV, prefill everything again
         self.kv.free(group)
+        if group.is_beam_search:
+            group.restart_beams()  # beams are deterministic: search again from the prompt
         for seq in group.unfinished_seqs():
             seq.num_computed_tokens = 0
         group.set_status(SequenceStatus.WAITING)
@@ -213,7 +232,7 @@ class Scheduler:
             while (self.waiting and len(self.running) < self.config.max_num_seqs
                    and self.kv.can_admit(self.waiting[0])):
                 group = self.waiting.popleft()
-                self.kv.admit(group)
+                self.kv.admit(group)  # slabs: nothing is ever found cached
                 group.set_status(SequenceStatus.RUNNING)
                 self.running.append(group)
             longest = max((len(g.seqs[0]) for g in self.running), default=0)
@@ -226,7 +245,7 @@ class Scheduler:
             if seq.is_finished:
                 out.padding_rows.append(1)
             else:
-                self.kv.append(seq)
+                self._append(seq, out)
                 out.add(group, seq, 1)
         return out
 

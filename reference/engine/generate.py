@@ -9,25 +9,13 @@ result.
 
 import torch
 
-from .block_manager import BlockSpaceManager
-from .cache import ContiguousCache, NoCache
-from .contiguous_allocator import ContiguousAllocator
-from .kv_storage import KVStorage, SequenceKV
-from .paged_attention import gather_kv
+from ..kv import BlockSpaceManager, CacheEngine, ContiguousAllocator
+from ..model import AttentionMetadata, ContiguousCache, NoCache, PagedAttention
+from ..ops import SamplingMetadata, sample
+from ..ops.sampling import SamplingRow
+from .engine import check_prompt
 
 CACHE_KINDS = ("contiguous", "none")
-
-
-def check_prompt(prompt_ids, vocab_size: int) -> list[int]:
-    """A non-empty list of token ids inside the vocabulary, or a ValueError saying what is wrong."""
-    ids = [int(t) for t in prompt_ids]
-    if not ids:
-        raise ValueError("the prompt is empty; give at least one token")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"token ids {bad[:5]} are outside the vocabulary; "
-                         f"valid ids are 0..{vocab_size - 1}")
-    return ids
 
 
 def make_cache(model, kind: str, max_len: int):
@@ -41,27 +29,22 @@ def make_cache(model, kind: str, max_len: int):
     raise ValueError(f"cache {kind!r} is unknown; choose one of {CACHE_KINDS}")
 
 
-def sample_next(logits: torch.Tensor, temperature: float,
-                generator: torch.Generator | None = None) -> int:
-    """Greedy at temperature 0; otherwise a draw from softmax(logits / temperature).
-
-    The draw is the "exponential race": argmax of p / E with E ~ Exp(1), which picks token i with
-    probability p_i and lets a seeded generator fix the outcome exactly.
-    """
+def sample_next(logits: torch.Tensor, temperature: float, seed: int, position: int) -> int:
+    """Greedy at temperature 0; otherwise a draw from softmax(logits / temperature), by the
+    engine's sampler: the exponential race on counter-based random numbers keyed by (seed,
+    position, token), so this loop and the engine draw the same tokens for the same seed."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if temperature == 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)  # [vocab], on the CPU
-    race = torch.empty_like(probs).exponential_(generator=generator)  # [vocab]
-    return int(torch.argmax(probs / race))
+    row = SamplingRow(temperature=temperature, stream=seed, position=position)
+    metadata = SamplingMetadata.from_rows([row], logits.shape[-1], logits.device)
+    return int(sample(logits[None], metadata).token_ids[0])
 
 
 # --8<-- [start:generate]
 @torch.inference_mode()
 def generate(model, prompt_ids, max_new_tokens: int = 32, *, temperature: float = 0.0,
              cache: str = "contiguous", eos_token_id: int | None = None,
-             generator: torch.Generator | None = None) -> list[int]:
+             seed: int = 0) -> list[int]:
     """The new token ids (at most max_new_tokens; fewer when eos_token_id is produced)."""
     cfg = model.config
     tokens = check_prompt(prompt_ids, cfg.vocab_size)
@@ -78,8 +61,9 @@ def generate(model, prompt_ids, max_new_tokens: int = 32, *, temperature: float 
         start = kv.num_cached_tokens  # 0 without a cache: feed everything again
         new_ids = torch.tensor(tokens[start:], device=device)  # [T]
         positions = torch.arange(start, len(tokens), device=device)  # [T]
-        logits = model(new_ids, positions, kv, logits_rows=[-1])[0]  # [vocab]
-        tokens.append(sample_next(logits, temperature, generator))
+        last = torch.tensor([len(tokens) - start - 1], device=device)  # the newest row
+        logits = model(new_ids, positions, kv, logits_indices=last)[0]  # [vocab]
+        tokens.append(sample_next(logits, temperature, seed, len(tokens) - prompt_len))
         if tokens[-1] == eos_token_id:
             break
     return tokens[prompt_len:]
@@ -109,43 +93,64 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
     param = next(model.parameters())
     if kv_layout == "per-sequence":
         caches = [make_cache(model, "contiguous", len(t) + max_new_tokens) for t in tokens]
-    elif kv_layout == "paged":
+        prompt_lens = [len(t) for t in tokens]
+        for _ in range(max_new_tokens):
+            for seq, kv in zip(tokens, caches, strict=True):
+                start = kv.num_cached_tokens
+                ids = torch.tensor(seq[start:], device=param.device)  # [T]
+                positions = torch.arange(start, len(seq), device=param.device)  # [T]
+                last = torch.tensor([len(seq) - start - 1], device=param.device)
+                seq.append(int(torch.argmax(model(ids, positions, kv, logits_indices=last)[0])))
+        return [seq[n:] for seq, n in zip(tokens, prompt_lens, strict=True)]
+    if kv_layout == "paged":
         manager = BlockSpaceManager(block_size, num_blocks or sum(
             -(-(len(t) + max_new_tokens) // block_size) for t in tokens))
-        storage = KVStorage(cfg.num_layers, manager.gpu.num_blocks * block_size,
-                            cfg.num_kv_heads, cfg.head_dim, block_size, param.dtype,
-                            param.device)
-        caches = []
+        num_blocks = manager.gpu.num_blocks
         for seq_id, t in enumerate(tokens):
             manager.allocate(seq_id, len(t))  # the prompt's slots; decode slots come per step
-            caches.append(SequenceKV(
-                storage, slots_of=lambda pos, s=seq_id: manager.slot_mapping(s, pos),
-                read=lambda layer, n, s=seq_id: (  # gather whole blocks, as paged attention does
-                    gather_kv(storage.k[layer], manager.tables[s].blocks, n),
-                    gather_kv(storage.v[layer], manager.tables[s].blocks, n))))
+
+        def table(seq_id: int, start: int, end: int) -> tuple[list[int], list[int]]:
+            blocks = manager.tables[seq_id].blocks  # block table; slots of positions below
+            return blocks, [manager.slot(seq_id, p) for p in range(start, end)]
     elif kv_layout == "slabs":
         # room for every sequence's largest possible slab: admission never has to wait here
         max_len = cfg.max_position_embeddings
         slabs = ContiguousAllocator(len(tokens) * max_len, policy, max_len)
-        storage = KVStorage(cfg.num_layers, slabs.total_slots, cfg.num_kv_heads, cfg.head_dim,
-                            dtype=param.dtype, device=param.device)
-        caches = []
-        for seq_id, t in enumerate(tokens):
-            start = slabs.allocate(seq_id, len(t), max_new_tokens)  # position p -> start + p
-            caches.append(SequenceKV(storage, lambda pos, s=start: [s + p for p in pos]))
+        starts = [slabs.allocate(seq_id, len(t), max_new_tokens)  # position p -> start + p
+                  for seq_id, t in enumerate(tokens)]
+        block_size, num_blocks = 1, slabs.total_slots  # a slab: a run of one-token blocks
+
+        def table(seq_id: int, start: int, end: int) -> tuple[list[int], list[int]]:
+            first = starts[seq_id]
+            return list(range(first, first + end)), list(range(first + start, first + end))
     else:
         raise ValueError(f"kv_layout {kv_layout!r} is unknown; choose one of {KV_LAYOUTS}")
+    cache = CacheEngine(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, num_blocks,
+                        dtype=param.dtype, device=param.device)
 
     prompt_lens = [len(t) for t in tokens]
+    computed = [0] * len(tokens)  # tokens of each sequence whose K/V are stored
     for step in range(max_new_tokens):
-        for seq_id, (seq, kv) in enumerate(zip(tokens, caches, strict=True)):
+        for seq_id, seq in enumerate(tokens):
             if kv_layout == "paged" and step > 0:
                 _, copy = manager.append_slot(seq_id)  # a slot for the token fed this step
-                storage.copy_blocks([copy] if copy else [])
-            start = kv.num_cached_tokens
-            ids = torch.tensor(seq[start:], device=param.device)
-            positions = torch.arange(start, len(seq), device=param.device)
-            seq.append(int(torch.argmax(model(ids, positions, kv, logits_rows=[-1])[0])))
+                cache.apply([], [], [copy] if copy else [])
+            start, end = computed[seq_id], len(seq)
+            blocks, slots = table(seq_id, start, end)
+            seq_lens = torch.tensor([end], dtype=torch.int32)
+            query_start_loc = torch.tensor([0, end - start], dtype=torch.int32)
+            metadata = AttentionMetadata(
+                slot_mapping=torch.tensor(slots, device=param.device),
+                block_tables=torch.tensor([blocks], dtype=torch.int32, device=param.device),
+                seq_lens=seq_lens.to(param.device), seq_lens_cpu=seq_lens,
+                query_start_loc=query_start_loc.to(param.device),
+                query_start_loc_cpu=query_start_loc)
+            attn = PagedAttention(metadata, cache.gpu_k, cache.gpu_v)
+            ids = torch.tensor(seq[start:], device=param.device)  # [T]
+            positions = torch.arange(start, end, device=param.device)  # [T]
+            last = torch.tensor([end - start - 1], device=param.device)
+            seq.append(int(torch.argmax(model(ids, positions, attn, logits_indices=last)[0])))
+            computed[seq_id] = end
     if kv_layout == "paged":
         for seq_id in range(len(tokens)):
             manager.free(seq_id)

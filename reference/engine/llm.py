@@ -5,12 +5,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .beam_search import BeamSearchOutput, BeamSearchParams, beam_search
-from .cache_engine import PagedKVCache
-from .config import load_config
+from ..kv_size import kv_size
+from ..model import load_config, load_model
+from ..ops import REFERENCE_BACKEND, Backend
+from .beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .engine import LLMEngine
-from .kv_size import kv_size
-from .model import load_model
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import SchedulerConfig
@@ -26,7 +25,8 @@ class LLM:
                  batching: str = "continuous", max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
-                 enable_chunked_prefill: bool = False, seed: int = 0):
+                 enable_chunked_prefill: bool = False, seed: int = 0,
+                 backend: Backend = REFERENCE_BACKEND):
         cfg = load_config(model)
         max_model_len = max_model_len or cfg.max_position_embeddings
         if max_model_len > cfg.max_position_embeddings:
@@ -49,7 +49,8 @@ class LLM:
                                 swap_space_blocks=swap_space_blocks, kv_layout=kv_layout,
                                 reservation_policy=reservation_policy,
                                 scheduler_config=scheduler_config,
-                                enable_prefix_caching=enable_prefix_caching, seed=seed)
+                                enable_prefix_caching=enable_prefix_caching, seed=seed,
+                                backend=backend)
         self._request_counter = 0
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None,
@@ -62,54 +63,49 @@ class LLM:
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        ids = []
-        for prompt, p in zip(prompts, params, strict=True):
-            request_id = str(self._request_counter)
-            self._request_counter += 1
-            try:
-                self.engine.add_request(request_id, prompt, p)
-            except ValueError:
-                for queued in ids:  # refuse the whole call; leave the engine as it was
-                    self.engine.abort_request(queued)
-                raise
-            ids.append(request_id)
-        finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished:
-                        finished[out.request_id] = out
-                        bar.update(1)
-        return [finished[i] for i in ids]
+        return self._run(prompts, params, "generate", use_tqdm)
 
-    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
-        """The beam_width best continuations of each prompt, best first (one prompt at a time;
-        beams share blocks through fork and copy-on-write)."""
-        engine = self.engine
-        if not isinstance(engine.kv, PagedKVCache):
-            raise ValueError("beam search shares blocks between beams: it needs "
-                             "kv_layout='paged'")
-        if engine.has_unfinished_requests():
-            raise ValueError("beam_search runs on an idle engine; finish or abort the running "
-                             "requests first")
+    def beam_search(self, prompts, params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """The beam_width best continuations of each prompt, best first. Beam searches run
+        through the engine like any request: batched with others, preempted, swapped; beams
+        share blocks through fork and copy-on-write."""
         prompts = [prompts] if isinstance(prompts, str | dict) else prompts
-        results = []
-        for prompt in prompts:
-            _, ids = engine._prompt_ids(prompt)
-            manager = engine.kv.manager
-            # the prompt once, plus every beam's own blocks for its tokens and one spare
-            need = manager.blocks_needed(len(ids)) + params.beam_width * (
-                manager.blocks_needed(params.max_tokens) + 1)
-            if need > manager.num_free_gpu_blocks:
-                raise ValueError(f"beam_width {params.beam_width} x max_tokens "
-                                 f"{params.max_tokens} needs up to {need} KV blocks; the pool "
-                                 f"has {manager.num_free_gpu_blocks} free")
-            out = beam_search(engine, ids, params)
-            if self.tokenizer is not None:
-                for seq in out.sequences:
-                    seq.text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
-            results.append(out)
-        return results
+        outs = self._run(prompts, [params] * len(prompts), "beam search", use_tqdm)
+        return [BeamSearchOutput(out.prompt_token_ids, [
+            BeamSearchSequence(c.token_ids, c.cumulative_logprob,
+                               c.cumulative_logprob / len(c.token_ids) ** params.length_penalty,
+                               c.text if self.tokenizer is not None else None,
+                               finished=c.finish_reason == "stop")
+            for c in out.outputs]) for out in outs]
+
+    def _run(self, prompts: list, params: list, desc: str, use_tqdm: bool) -> list[RequestOutput]:
+        """Add every request, step until all finish. On any exception (a refused request, an
+        error inside a step, Ctrl-C) the requests of this call are aborted: the engine stays
+        usable and holds none of their memory."""
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params, strict=True):
+                request_id = str(self._request_counter)
+                self._request_counter += 1
+                self.engine.add_request(request_id, prompt, p)
+                ids.append(request_id)
+            finished: dict[str, RequestOutput] = {}
+            with tqdm(total=len(ids), desc=desc, disable=not use_tqdm) as bar:
+                while len(finished) < len(ids):
+                    if not self.engine.has_unfinished_requests():
+                        raise RuntimeError("the engine stopped with requests of this call "
+                                           "unfinished; this is a bug, please report it")
+                    for out in self.engine.step():
+                        if out.finished and out.request_id in ids:
+                            finished[out.request_id] = out
+                            bar.update(1)
+        except BaseException:
+            for request_id in ids:
+                if request_id in self.engine.groups:
+                    self.engine.abort_request(request_id)
+            raise
+        return [finished[i] for i in ids]
 
     def stats(self) -> dict:
         return self.engine.stats()

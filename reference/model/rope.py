@@ -4,6 +4,7 @@ RoPE encodes a token's position by rotating pairs of query/key features through 
 position × frequency. Because only the *difference* of two positions survives in q·k, a key
 rotated once, when it was computed, stays valid forever: that is what makes its K cacheable.
 
+This file computes the frequencies; the rotation itself is an op of the step (``ops/rotary.py``).
 Llama 3 stretches the low frequencies for long contexts ("llama3" rope scaling); "linear"
 scaling divides every frequency by a factor. Both only change the frequencies, never the rotation.
 """
@@ -42,14 +43,3 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(is_medium, blended, scaled)
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim] by its tokens' positions [T] (the "rotate half" layout)."""
-    angles = positions[:, None].float() * inv_freq.to(positions.device)[None, :]  # [T, head_dim/2]
-    angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]
-    cos = angles.cos()[:, None, :].to(x.dtype)  # [T, 1, head_dim]
-    sin = angles.sin()[:, None, :].to(x.dtype)
-    first, second = x.chunk(2, dim=-1)  # [T, heads, head_dim/2] each
-    rotated_half = torch.cat([-second, first], dim=-1)  # [T, heads, head_dim]
-    return x * cos + rotated_half * sin

@@ -15,6 +15,12 @@ The manager only does the bookkeeping; it moves no data. Where data must move it
 block pairs ("copy block 7 to block 12", "swap GPU block 3 to CPU block 0") for the cache
 storage to carry out. Names follow vLLM's BlockSpaceManager.
 
+Which vLLM this follows: the block pool, reference counts, block tables and the prefix cache's
+chained block hashes with lazy LRU eviction are V1's KVCacheManager ideas (V1's hash also
+chains parent and tokens); swapping to a CPU pool, copy-on-write of a shared last block and
+block-level sharing between beams are V0's BlockSpaceManager (V1 dropped swapping and beam
+search from the engine core, and preempts by recompute only).
+
 The slot of a token is block_table[position // block_size] * block_size + position % block_size:
 its row in the flat pool of slots.
 """

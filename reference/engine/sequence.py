@@ -9,11 +9,19 @@ once); after the prompt's step it forks into n sequences that share the prompt's
 """
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 
-import torch
-
+from .beam_search import BeamSearchParams, BeamSearchSequence
+from .detokenizer import IncrementalDetokenizer
 from .sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+def next_seq_id() -> int:
+    """A sequence id never used before in this process (block tables are keyed by it)."""
+    return next(_seq_ids)
 
 
 class SequenceStatus(enum.Enum):
@@ -31,12 +39,13 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: SequenceStatus = SequenceStatus.WAITING
     output_text: str = ""
+    stop_search_from: int = 0  # stop strings are searched in output_text from here on
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    generator: torch.Generator | None = None  # this sequence's own random stream
-    index: int = 0  # which of the request's n samples
+    index: int = 0  # which of the request's n samples: it draws from stream seed + index
+    detokenizer: IncrementalDetokenizer | None = None  # output text, a few tokens at a time
 
     @property
     def token_ids(self) -> list[int]:
@@ -63,26 +72,44 @@ class Sequence:
 class SequenceGroup:
     request_id: str
     seqs: list[Sequence]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | BeamSearchParams
     arrival: int  # admission and preemption order: lower arrived first
-    seed: int  # sample i draws from torch.Generator().manual_seed(seed + i)
+    seed: int  # sample i draws its random numbers from stream seed + i (ops/sampling.py)
     prompt: str | None = None
+    finished_beams: list[BeamSearchSequence] = field(default_factory=list)  # beam search only
+
+    @property
+    def is_beam_search(self) -> bool:
+        return isinstance(self.sampling_params, BeamSearchParams)
 
     # --8<-- [start:generator]
-    def generator_for(self, index: int) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed + index)
+    def stream_for(self, index: int) -> int:
+        """Sample index's random stream: seed + index, wrapped to a signed 64-bit integer."""
+        return (self.seed + index + 2**63) % 2**64 - 2**63
     # --8<-- [end:generator]
 
+    @property
+    def width(self) -> int:
+        """Sequences the request runs at once when fully grown: n samples, or the beams."""
+        params = self.sampling_params
+        return params.beam_width if self.is_beam_search else params.n
+
     def max_running_seqs(self) -> int:
-        """Sequences this group will run at once: n once its prompt is done, even before the
-        fork, so that max_num_seqs counts what admission really commits to."""
+        """Sequences this group will run at once: n (or the beam width) once its prompt is
+        done, even before the fork, so that max_num_seqs counts what admission commits to."""
         if len(self.seqs) == 1 and not self.seqs[0].output_token_ids:
-            return self.sampling_params.n
+            return self.width
         return len(self.unfinished_seqs())
 
     @property
     def is_finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
+
+    def restart_beams(self) -> None:
+        """Beam search preempted by recompute starts over from its prompt, as one root
+        sequence: beam search is deterministic, so it finds the same beams again."""
+        self.seqs = [Sequence(next_seq_id(), list(self.seqs[0].prompt_token_ids))]
+        self.finished_beams = []
 
     def unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if not s.is_finished]

@@ -2,10 +2,10 @@
 
 Attention needs the K and V of every earlier token. Those never change once computed (a token's
 K and V depend only on the tokens before it), so they can be stored instead of recomputed. The
-model reaches storage through one method, ``store_and_fetch``: hand over the new tokens' K/V,
-get back everything the new queries may attend to. Swapping the cache object changes the memory
-strategy and never the result. (``split`` tells attention which rows of a flat batch belong to
-which sequence; these caches hold one sequence, so all rows are theirs.)
+model hands each layer's new K/V to the cache object it was given (``attend``, see
+``attention.py``); these one-sequence caches do it through one method, ``store_and_fetch``: hand
+over the new tokens' K/V, get back everything the new queries may attend to, then attend.
+Swapping the cache object changes the memory strategy and never the result.
 
 - ``NoCache`` keeps nothing: every step feeds the whole sequence again (the "before" picture).
 - ``ContiguousCache`` reserves one slab per sequence for its maximum length, up front: simple,
@@ -14,15 +14,27 @@ which sequence; these caches hold one sequence, so all rows are theirs.)
 
 import torch
 
+from ..ops import REFERENCE_BACKEND, causal_attention
+
+
+class OneSequenceCache:
+    """What the two caches below share: attend = store_and_fetch, then causal attention."""
+
+    backend = REFERENCE_BACKEND  # the ops the model's layers use (norms, rotary, activation)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor, scale: float,
+               sliding_window: int | None = None) -> torch.Tensor:
+        keys, values, key_positions = self.store_and_fetch(layer, positions, k, v)
+        return causal_attention(q, keys, values, positions, key_positions, scale,
+                                sliding_window)  # [T, heads, head_dim]
+
 
 # --8<-- [start:no_cache]
-class NoCache:
+class NoCache(OneSequenceCache):
     """Recompute the whole prefix every step: O(n²) work for n generated tokens."""
 
     num_cached_tokens = 0  # nothing is stored, so the caller must feed every token each step
-
-    def split(self, num_rows: int):
-        return [(slice(0, num_rows), self)]  # one sequence: every row is its
 
     def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -31,7 +43,7 @@ class NoCache:
 
 
 # --8<-- [start:contiguous_cache]
-class ContiguousCache:
+class ContiguousCache(OneSequenceCache):
     """One sequence's K and V in slabs reserved for max_len tokens, written in position order."""
 
     def __init__(self, num_layers: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -41,9 +53,6 @@ class ContiguousCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.num_cached_tokens = 0  # positions [0, num_cached_tokens) hold valid K/V
-
-    def split(self, num_rows: int):
-        return [(slice(0, num_rows), self)]  # one sequence: every row is its
 
     def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

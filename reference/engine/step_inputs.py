@@ -1,0 +1,113 @@
+"""The step's inputs: everything model execution sees, as tensors, built once per step.
+
+The scheduler decided which sequences run and how many tokens each computes; the KV cache
+manager knows where their tokens live. This turns both into flat tensors (vLLM V1's names):
+
+    input_ids [T], positions [T]      the tokens computed this step, sequence after sequence
+    slot_mapping [T]                  where each token's K/V goes (-1: padding, not stored)
+    block_tables [B, max_blocks]      each sequence's physical blocks, int32, zero-padded
+    seq_lens [B]                      tokens in the cache per sequence after this step
+    query_start_loc [B + 1]           sequence b's rows are query_start_loc[b]:[b + 1]
+    logits_indices [S]                the rows whose logits are sampled: each sequence's last
+                                      row when the step reaches its last token — repeated n times
+                                      for a prompt that forks into n samples
+    sampling                          one row of sampling parameters per logits row
+
+After this, no layer asks the block manager anything or converts anything to a Python list.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model import AttentionMetadata
+from ..ops import SamplingMetadata
+from ..ops.sampling import SamplingRow
+from .scheduler import ScheduledSeq, SchedulerOutput
+
+
+@dataclass
+class LogitsRow:
+    """What one row of the step's logits is for: a scheduled sequence, and which of its
+    group's samples draws from it (a prompt of n samples gives n rows, indices 0..n-1)."""
+
+    item: ScheduledSeq
+    sample_index: int
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    logits_indices: torch.Tensor
+    rows: list[LogitsRow]
+    sampling: SamplingMetadata
+
+
+def _sample_indices(item: ScheduledSeq) -> list[int]:
+    group, seq = item.group, item.seq
+    if not group.is_beam_search and not seq.output_token_ids and len(group.seqs) == 1:
+        return list(range(group.sampling_params.n))  # the prompt's row feeds all n samples
+    return [seq.index]
+
+
+def _sampling_row(item: ScheduledSeq, index: int, eos_token_id: int | None) -> SamplingRow:
+    group, seq, params = item.group, item.seq, item.group.sampling_params
+    if group.is_beam_search:
+        return SamplingRow(temperature=0.0)  # beams are chosen from logprobs, not sampled
+    blocked = []
+    if len(seq.output_token_ids) < params.min_tokens:  # too early to stop
+        blocked = list(params.stop_token_ids)
+        if eos_token_id is not None and not params.ignore_eos:
+            blocked.append(eos_token_id)
+    return SamplingRow(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                       stream=group.stream_for(index), position=len(seq.output_token_ids),
+                       blocked_token_ids=blocked, num_logprobs=params.logprobs or 0)
+
+
+# --8<-- [start:prepare_inputs]
+def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int, eos_token_id: int | None,
+                   device: torch.device) -> StepInputs:
+    ids, positions, slots, tables, seq_lens, starts = [], [], [], [], [], [0]
+    rows, logits_indices = [], []
+    for item in sched.scheduled:
+        seq = item.seq
+        start = seq.num_computed_tokens
+        end = start + item.num_tokens
+        ids += seq.token_ids[start:end]
+        positions += range(start, end)
+        slots += kv.slot_mapping(seq, start, end)
+        tables.append(kv.block_table(seq))
+        seq_lens.append(end)
+        starts.append(len(ids))
+        if item.samples:  # the step reaches the sequence's last token: it predicts the next
+            for index in _sample_indices(item):
+                rows.append(LogitsRow(item, index))
+                logits_indices.append(len(ids) - 1)
+    for n in sched.padding_rows:  # static batching computes pad rows, stores and samples none
+        ids += [0] * n
+        positions += range(n)
+        slots += [-1] * n
+
+    max_blocks = max((len(t) for t in tables), default=0)
+    block_tables = torch.zeros((len(tables), max_blocks), dtype=torch.int32)  # [B, max_blocks]
+    for b, table in enumerate(tables):
+        block_tables[b, :len(table)] = torch.tensor(table, dtype=torch.int32)
+    seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)  # [B]
+    query_start_loc_cpu = torch.tensor(starts, dtype=torch.int32)  # [B + 1]
+    attn = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),  # [T]
+        block_tables=block_tables.to(device),
+        seq_lens=seq_lens_cpu.to(device),
+        query_start_loc=query_start_loc_cpu.to(device),
+        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu)
+    sampling = SamplingMetadata.from_rows(
+        [_sampling_row(r.item, r.sample_index, eos_token_id) for r in rows], vocab_size, device)
+    return StepInputs(
+        input_ids=torch.tensor(ids, dtype=torch.int64, device=device),  # [T]
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),  # [T]
+        attn_metadata=attn,
+        logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),  # [S]
+        rows=rows, sampling=sampling)
+# --8<-- [end:prepare_inputs]

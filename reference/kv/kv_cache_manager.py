@@ -1,0 +1,221 @@
+"""The engine's KV bookkeeping: which slots each sequence owns, in either layout. No tensors.
+
+Two layouts behind the same verbs, so one scheduler drives either:
+
+- ``PagedKVCacheManager``: a BlockSpaceManager over a block pool (and a CPU pool to swap to). A
+  sequence takes blocks for its current tokens and one more whenever its last block fills.
+- ``ContiguousKVCacheManager``: a ContiguousAllocator over one linear space. A sequence
+  reserves, at admission, a slab for everything it may ever hold (policy max / pow2 / oracle);
+  it never needs more, so it never waits for memory once running, but pays up front.
+
+Verbs: can_admit / admit (a waiting group's tokens), can_append / append (a slot for the token
+each running sequence computes next), free, fork, swap_out / swap_in (paged only), and for the
+step's inputs block_table / slot_mapping. Where data must move, a verb returns block pairs and
+the scheduler passes them on in its output; the cache engine (``cache_engine.py``) moves them.
+
+A group is anything with ``seqs``, ``unfinished_seqs()`` and ``sampling_params.max_tokens``; a
+sequence anything with ``seq_id``, ``token_ids``, ``output_token_ids`` and a length (the
+engine's SequenceGroup and Sequence): this package never imports the engine.
+"""
+
+from .block_manager import BlockSpaceManager
+from .contiguous_allocator import ContiguousAllocator
+
+WATERMARK = 0.01  # admission leaves 1 % of the blocks free, as vLLM does, so that a request just
+# admitted is not preempted at its first decode step
+
+
+class PagedKVCacheManager:
+    layout = "paged"
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
+                 enable_prefix_caching: bool = False):
+        self.manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
+                                         enable_prefix_caching)
+        self.block_size = block_size
+        self.watermark_blocks = int(WATERMARK * num_gpu_blocks)
+        self.num_cow_copies = 0
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.manager.gpu.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.manager.num_free_gpu_blocks
+
+    @property
+    def num_swapped_blocks(self) -> int:
+        """CPU blocks holding swapped-out K/V now."""
+        return self.manager.cpu.num_blocks - self.manager.num_free_cpu_blocks
+
+    @property
+    def prefix_cache(self):
+        return self.manager.prefix_cache
+
+    def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
+        return copies * self.manager.blocks_needed(num_tokens) > self.num_total_blocks
+
+    # --8<-- [start:can_admit]
+    def can_admit(self, group) -> bool:
+        needed = sum(self.manager.num_new_blocks(len(s), s.token_ids)
+                     for s in group.unfinished_seqs())
+        return self.num_free_blocks - needed >= min(self.watermark_blocks,
+                                                    self.num_total_blocks - needed)
+    # --8<-- [end:can_admit]
+
+    # --8<-- [start:admit]
+    def admit(self, group) -> list[int]:
+        """Blocks for every unfinished sequence's tokens. Returns, per sequence, how many of its
+        leading tokens the prefix cache already holds (they need no prefill)."""
+        cached = []
+        for seq in group.unfinished_seqs():
+            self.manager.allocate(seq.seq_id, len(seq), seq.token_ids)
+            cached.append(self.manager.tables[seq.seq_id].num_cached_tokens)
+        return cached
+    # --8<-- [end:admit]
+
+    def mark_computed(self, seq) -> None:
+        self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+
+    def can_append(self, group) -> bool:
+        """Blocks for one more token per sequence: a fresh block where the last is full; a copy
+        where it is shared — except for the last of the group's sharers to write, when nobody
+        outside the group holds the block (by then it owns the block alone)."""
+        needed = 0
+        sharers: dict[int, int] = {}
+        for seq in group.unfinished_seqs():
+            if not self.manager.append_needs_block(seq.seq_id):
+                continue
+            table = self.manager.tables[seq.seq_id]
+            if table.num_tokens == len(table.blocks) * self.block_size:
+                needed += 1  # last block full
+            else:
+                sharers[table.blocks[-1]] = sharers.get(table.blocks[-1], 0) + 1
+        for block, count in sharers.items():
+            outside = self.manager.gpu.ref_counts[block] > count
+            needed += count if outside else count - 1
+        return needed <= self.num_free_blocks
+
+    # --8<-- [start:append]
+    def append(self, seq) -> tuple[int, int] | None:
+        """A slot for the newest token, whose K/V this step computes. Returns the block pair
+        to copy first when the last block was shared (copy-on-write), else None."""
+        _, copy = self.manager.append_slot(seq.seq_id)
+        if copy:
+            self.num_cow_copies += 1
+        return copy
+    # --8<-- [end:append]
+
+    def free(self, group) -> None:
+        for seq in group.seqs:
+            self.free_seq(seq)
+
+    def free_seq(self, seq) -> None:
+        if seq.seq_id in self.manager.tables:
+            self.manager.free(seq.seq_id)
+
+    def fork(self, parent, child) -> None:
+        """The child shares every block of the parent (parallel sampling, beam search): nothing
+        is copied until one of them writes into a shared block."""
+        self.manager.fork(parent.seq_id, child.seq_id)
+
+    def can_swap_out(self, group) -> bool:
+        return self.manager.can_swap_out([s.seq_id for s in group.unfinished_seqs()])
+
+    def swap_out(self, group) -> list[tuple[int, int]]:
+        """(gpu block, cpu block) pairs whose data the cache engine must move."""
+        return self.manager.swap_out([s.seq_id for s in group.unfinished_seqs()])
+
+    def can_swap_in(self, group) -> bool:
+        return self.manager.can_swap_in([s.seq_id for s in group.unfinished_seqs()])
+
+    def swap_in(self, group) -> list[tuple[int, int]]:
+        """(cpu block, gpu block) pairs whose data the cache engine must move."""
+        return self.manager.swap_in([s.seq_id for s in group.unfinished_seqs()])
+
+    # -- for the step's inputs ----------------------------------------------------------------
+    def block_table(self, seq) -> list[int]:
+        return self.manager.tables[seq.seq_id].blocks
+
+    def slot_mapping(self, seq, start: int, end: int) -> list[int]:
+        """Slots of the sequence's positions [start, end)."""
+        blocks, bs = self.manager.tables[seq.seq_id].blocks, self.block_size
+        return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def prefix_cache_stats(self) -> dict:
+        cache = self.manager.prefix_cache
+        if cache is None:
+            return {}
+        return {"prefix_cache_hit_blocks": cache.hit_blocks,
+                "prefix_cache_hit_tokens": cache.hit_tokens,
+                "blocks_cached": len(cache.block_of)}
+
+
+class ContiguousKVCacheManager:
+    """Slabs over a linear space of num_slots token slots. In the step's inputs a slab is a
+    block table of one-token blocks: start, start + 1, ... (block_size 1)."""
+
+    layout = "contiguous"
+    block_size = 1  # stats and the cache engine count slots as blocks of one
+
+    def __init__(self, num_slots: int, policy: str, max_model_len: int):
+        self.allocator = ContiguousAllocator(num_slots, policy, max_model_len)
+        self.max_model_len = max_model_len
+        self.num_swapped_blocks = 0
+        self.num_cow_copies = 0  # slabs are never shared
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.allocator.total_slots
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.total_slots - sum(s.length for s in self.allocator.slabs)
+
+    def _lengths(self, group, seq) -> tuple[int, int]:
+        """(tokens it holds now, tokens it may still add) — the slab must cover both."""
+        remaining = group.sampling_params.max_tokens - len(seq.output_token_ids)
+        return len(seq), max(1, min(remaining, self.max_model_len - len(seq)))
+
+    def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
+        return min(num_tokens, self.max_model_len) > self.allocator.total_slots or (
+            self.allocator.policy == "max" and self.max_model_len > self.allocator.total_slots)
+
+    def can_admit(self, group) -> bool:
+        return all(self.allocator.can_allocate(*self._lengths(group, s))
+                   for s in group.unfinished_seqs())
+
+    def admit(self, group) -> list[int]:
+        for seq in group.unfinished_seqs():
+            self.allocator.allocate(seq.seq_id, *self._lengths(group, seq))
+        return [0] * len(group.unfinished_seqs())  # nothing is ever found cached
+
+    def mark_computed(self, seq) -> None:
+        pass  # slabs are never shared, so there is nothing to look up later
+
+    def can_append(self, group) -> bool:
+        return True  # the slab was reserved for every token the request may produce
+
+    def append(self, seq) -> None:
+        self.allocator.append_slot(seq.seq_id)
+        return None  # never a copy: nothing is shared
+
+    def free(self, group) -> None:
+        for seq in group.seqs:
+            self.free_seq(seq)
+
+    def free_seq(self, seq) -> None:
+        if self.allocator.holds(seq.seq_id):
+            self.allocator.free(seq.seq_id)
+
+    def block_table(self, seq) -> list[int]:
+        start, _ = self.allocator.slab(seq.seq_id)
+        return list(range(start, start + len(seq)))
+
+    def slot_mapping(self, seq, start: int, end: int) -> list[int]:
+        slab_start, _ = self.allocator.slab(seq.seq_id)
+        return list(range(slab_start + start, slab_start + end))
+
+    def prefix_cache_stats(self) -> dict:
+        return {}

@@ -1,0 +1,63 @@
+"""How a model layer reaches its keys and values: an attention context handed to the forward.
+
+The model computes q, k, v for a flat batch of tokens and asks the context to attend. What the
+context does with them is the whole difference between memory strategies, and the model never
+needs to know which one runs:
+
+- ``NoCache`` / ``ContiguousCache`` (``cache.py``): one sequence, the teaching loop of lesson 1;
+- ``PagedAttention`` (below): the engine's step. Many sequences laid end to end, their K/V in a
+  shared pool of blocks. The step's ``AttentionMetadata`` (slot mapping, block tables, sequence
+  lengths, query offsets) is built once per step by the engine, so no layer asks anyone where a
+  token lives: it writes the new K/V by slot and reads through the block tables.
+
+Every context also carries the ``Backend`` whose ops (norms, rotary, activation) the layers use.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..ops import REFERENCE_BACKEND, Backend
+
+
+# --8<-- [start:metadata]
+@dataclass
+class AttentionMetadata:
+    """Where the step's tokens go and what each sequence's queries may read (vLLM's names).
+
+    B sequences, T tokens in all:
+    slot_mapping [T]             slot of each new token's K/V (-1: padding, not stored)
+    block_tables [B, max_blocks] each sequence's physical blocks, int32, padded
+    seq_lens [B]                 tokens in the cache per sequence once this step's are stored
+    query_start_loc [B + 1]      sequence b's tokens are rows query_start_loc[b]:[b + 1]
+    seq_lens_cpu, query_start_loc_cpu: host copies, for loop bounds without a device sync
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+# --8<-- [end:metadata]
+
+
+# --8<-- [start:paged_context]
+class PagedAttention:
+    """The engine's attention context: store the step's K/V by slot, then paged attention."""
+
+    def __init__(self, metadata: AttentionMetadata, k_caches: list[torch.Tensor],
+                 v_caches: list[torch.Tensor], backend: Backend = REFERENCE_BACKEND):
+        self.metadata, self.k_caches, self.v_caches = metadata, k_caches, v_caches
+        self.backend = backend
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor, scale: float,
+               sliding_window: int | None = None) -> torch.Tensor:
+        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
+        md, ops = self.metadata, self.backend
+        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
+        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        return ops.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens_cpu,
+                                   md.query_start_loc_cpu, scale, sliding_window)
+# --8<-- [end:paged_context]

@@ -1,0 +1,39 @@
+"""The operations of one engine step, in plain torch: the readable definitions the Triton
+kernels must match (each kernel file imports its twin from here and tests against it).
+
+A model does not import these functions directly: it is handed a ``Backend``, a bundle of them,
+so that the optimized tier can hand in its own (Triton on CUDA, the kernels under the
+interpreter, or a vectorized CPU path) and run the same model code. Nothing here knows about
+sequences, schedulers or block managers: every op works on tensors alone.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .activation import silu_and_mul
+from .attention import causal_attention, gather_kv, paged_attention
+from .cache_ops import copy_blocks, store_kv, swap_blocks
+from .layernorm import rms_norm
+from .rotary import rotary
+from .sampling import SamplerOutput, SamplingMetadata, sample
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Who computes each op of the step. Swap one field to swap one implementation."""
+
+    store_kv: Callable = store_kv
+    paged_attention: Callable = paged_attention
+    copy_blocks: Callable = copy_blocks
+    swap_blocks: Callable = swap_blocks
+    rms_norm: Callable = rms_norm
+    rotary: Callable = rotary
+    silu_and_mul: Callable = silu_and_mul
+    sample: Callable = sample
+
+
+REFERENCE_BACKEND = Backend()
+
+__all__ = ["Backend", "REFERENCE_BACKEND", "SamplerOutput", "SamplingMetadata",
+           "causal_attention", "copy_blocks", "gather_kv", "paged_attention", "rms_norm",
+           "rotary", "sample", "silu_and_mul", "store_kv", "swap_blocks"]

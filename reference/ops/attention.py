@@ -1,0 +1,91 @@
+"""Attention over the paged KV cache: the reference definition the Triton kernel must match.
+
+One step of the engine computes a flat batch of query rows from many sequences: a decode
+contributes its newest token, a prefill its whole prompt, a chunked prefill one chunk, a prompt
+found in the prefix cache only its uncached tail. The rows of sequence b are
+``query_start_loc[b]:query_start_loc[b + 1]`` and they are its *last* tokens: with seq_len
+tokens in the cache (the new ones already stored), query row i of a sequence with q_len rows
+sits at position seq_len - q_len + i. Each query attends causally by position to the
+sequence's cached keys, which live in blocks listed by its block table.
+
+This definition gathers each sequence's blocks into one dense run and attends as usual: easy to
+read and to check. A kernel never materialises the gather; it walks the block table and reads
+the blocks in place, one tile at a time (lessons: the PagedAttention kernel, FlashAttention).
+"""
+
+import torch
+
+
+# --8<-- [start:causal_attention]
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """softmax(q·kᵀ · scale + mask) · v.
+
+    q: [T, heads, head_dim] queries; k, v: [S, kv_heads, head_dim] the keys and values they may
+    attend to; q_positions [T], k_positions [S]. A query at position p sees keys at positions
+    <= p (causal) and, with a sliding window w (Mistral), only those > p - w.
+    Returns [T, heads, head_dim].
+    """
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    # Grouped-query attention: each K/V head serves num_heads // num_kv_heads query heads.
+    group = num_heads // num_kv_heads
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)  # [S, heads, head_dim]
+        v = v.repeat_interleave(group, dim=1)  # [S, heads, head_dim]
+
+    scores = torch.einsum("thd,shd->hts", q, k) * scale  # [heads, T, S]
+    visible = k_positions[None, :] <= q_positions[:, None]  # [T, S]
+    if sliding_window is not None:
+        visible &= k_positions[None, :] > q_positions[:, None] - sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # [heads, T, S]
+    return torch.einsum("hts,shd->thd", probs, v)  # [T, heads, head_dim]
+# --8<-- [end:causal_attention]
+
+
+# --8<-- [start:gather]
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """cache [num_blocks, block_size, kv_heads, head_dim] -> this sequence's [seq_len, kv_heads,
+    head_dim], in position order."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)  # ceil: entries past them are padding
+    blocks = cache[block_table[:num_blocks]]  # [num_blocks, block_size, kv_heads, head_dim]
+    return blocks.flatten(0, 1)[:seq_len]  # slots past seq_len are never read
+# --8<-- [end:gather]
+
+
+# --8<-- [start:paged_attention]
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float,
+                    sliding_window: int | None = None) -> torch.Tensor:
+    """Varlen attention of a flat batch of queries over the paged cache.
+
+    q [T, heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim] with
+    this step's K/V already stored (store_kv); block_tables [B, max_blocks] int32 (padding
+    entries are never read); seq_lens [B] tokens in the cache per sequence, the new ones
+    included; query_start_loc [B + 1] int32. Returns [T, heads, head_dim].
+
+    seq_lens and query_start_loc only give loop bounds here: pass them on the CPU (the step's
+    inputs keep a host copy) and the loop costs no device synchronisation.
+    """
+    out = torch.zeros_like(q)  # [T, heads, head_dim]; padding rows past the last sequence: 0
+    starts = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        rows = slice(starts[b], starts[b + 1])
+        q_len = starts[b + 1] - starts[b]
+        keys = gather_kv(k_cache, block_tables[b], seq_len)  # [seq_len, kv_heads, head_dim]
+        values = gather_kv(v_cache, block_tables[b], seq_len)
+        k_positions = torch.arange(seq_len, device=q.device)  # [seq_len]
+        q_positions = k_positions[seq_len - q_len:]  # the queries are the last q_len tokens
+        out[rows] = causal_attention(q[rows], keys, values, q_positions, k_positions, scale,
+                                     sliding_window)
+    return out
+# --8<-- [end:paged_attention]
