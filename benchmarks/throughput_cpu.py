@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -296,19 +297,23 @@ class Timers:
     def __init__(self):
         self.seconds, self.calls, self.patched = {}, {}, []
 
-    def wrap(self, owner, attr: str, label: str) -> None:
-        original = getattr(owner, attr)
+    def timed(self, fn, label: str):
+        """fn, with its time and calls added up under label."""
         self.seconds[label], self.calls[label] = 0.0, 0
 
         def timed(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
                 self.seconds[label] += time.perf_counter() - start
                 self.calls[label] += 1
 
-        setattr(owner, attr, timed)
+        return timed
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        original = getattr(owner, attr)
+        setattr(owner, attr, self.timed(original, label))
         self.patched.append((owner, attr, original))
 
     def restore(self) -> None:
@@ -316,35 +321,26 @@ class Timers:
             setattr(owner, attr, original)
 
 
+BACKEND_OPS = ("store_kv", "paged_attention", "rms_norm", "rotary", "silu_and_mul", "sample")
+
+
 @contextmanager
 def step_timers():
-    from pagedllm.reference import (
-        attention,
-        block_manager,
-        cache_engine,
-        engine,
-        kv_storage,
-        llama,
-        scheduler,
-    )
+    """Timers on the engine's public methods and nn.Linear, and a backend whose ops are timed
+    (hand it to LLM(backend=...)): the step's seam makes each op a swappable function."""
+    from pagedllm.reference import LLMEngine
+    from pagedllm.reference.engine import Scheduler
+    from pagedllm.reference.ops import REFERENCE_BACKEND
 
     t = Timers()
-    t.wrap(engine.LLMEngine, "step", "step")
-    t.wrap(scheduler.Scheduler, "schedule", "schedule")
-    t.wrap(engine.LLMEngine, "_execute", "execute")
-    t.wrap(llama.LlamaForCausalLM, "forward", "model")
+    t.wrap(LLMEngine, "step", "step")
+    t.wrap(Scheduler, "schedule", "schedule")
+    t.wrap(LLMEngine, "execute_model", "execute")
     t.wrap(torch.nn.Linear, "forward", "linear")
-    t.wrap(llama, "attend", "attend")
-    t.wrap(attention, "causal_attention", "causal_attention")
-    t.wrap(kv_storage.SequenceKV, "store_and_fetch", "store_and_fetch")
-    t.wrap(block_manager.BlockSpaceManager, "slot_mapping", "slot_mapping")
-    t.wrap(kv_storage.KVStorage, "write", "kv_write")
-    t.wrap(cache_engine, "gather_kv", "gather_kv")
-    t.wrap(cache_engine.PagedKVCache, "view", "kv_view")
-    t.wrap(engine.LLMEngine, "_append_token", "sample_and_append")
-    t.wrap(engine.LLMEngine, "_output", "outputs")
+    backend = replace(REFERENCE_BACKEND, **{
+        op: t.timed(getattr(REFERENCE_BACKEND, op), op) for op in BACKEND_OPS})
     try:
-        yield t
+        yield t, backend
     finally:
         t.restore()
 
@@ -352,23 +348,18 @@ def step_timers():
 def breakdown(seconds: dict, steps: int = 1, scale: float = 1000.0) -> list[tuple[str, float]]:
     """Exclusive shares of the step time (ms per step by default) from inclusive timers."""
     s = seconds
+    small = s["rms_norm"] + s["rotary"] + s["silu_and_mul"]
     rows = [
         ("matrix products (nn.Linear: q/k/v/o, MLP, lm_head)", s["linear"]),
-        ("attention math (causal_attention, per sequence)", s["causal_attention"]),
-        ("K/V store + gather (write, gather_kv, per sequence)", s["kv_write"] + s["gather_kv"]),
-        ("slot mapping (Python lists, per sequence and layer)", s["slot_mapping"]),
-        ("rest of store_and_fetch (tensor from list, arange)",
-         s["store_and_fetch"] - s["kv_write"] - s["gather_kv"] - s["slot_mapping"]),
-        ("attention loop glue (split, row slicing, out[rows] =)",
-         s["attend"] - s["causal_attention"] - s["store_and_fetch"]),
-        ("rest of the model (embedding, RMSNorm, RoPE, SiLU, adds)",
-         s["model"] - s["linear"] - s["attend"]),
-        ("engine: building the flat batch (_execute minus model)",
-         s["execute"] - s["model"]),
+        ("paged attention (gather blocks + attention, per sequence)", s["paged_attention"]),
+        ("K/V store by slot mapping (one write per layer)", s["store_kv"]),
+        ("small ops (RMSNorm + residual, rotary, SiLU-and-mul)", small),
+        ("rest of the model (embedding, views, concatenations)",
+         s["execute"] - s["linear"] - s["paged_attention"] - s["store_kv"] - small),
+        ("sampling (the batched sampler)", s["sample"]),
         ("engine: scheduler", s["schedule"]),
-        ("engine: sampling + append + stop checks", s["sample_and_append"]),
-        ("engine: rest of step (outputs, counters)",
-         s["step"] - s["schedule"] - s["execute"] - s["sample_and_append"]),
+        ("engine: step inputs, update, stop checks, outputs",
+         s["step"] - s["schedule"] - s["execute"] - s["sample"]),
     ]
     return [(name, scale * sec / steps) for name, sec in rows]
 
@@ -381,9 +372,11 @@ def print_breakdown(rows: list[tuple[str, float]], total: float, unit: str) -> N
 def profile(ckpt: Path, work, batch: int, max_len: int, steps: int = 12) -> dict:
     """Run the whole workload through (a) step by step with timers on; split the run and a
     window of steady-state decode steps (a full batch decoding) by where the time goes."""
+    timers = step_timers()
+    t, backend = timers.__enter__()
     llm = LLM(ckpt, kv_layout="paged", batching="continuous", max_num_seqs=batch,
               max_model_len=max_len, block_size=BLOCK_SIZE,
-              num_gpu_blocks=batch * max_len // BLOCK_SIZE)
+              num_gpu_blocks=batch * max_len // BLOCK_SIZE, backend=backend)
     engine, counters = llm.engine, llm.engine.scheduler.counters
     for i, (ids, n) in enumerate(work):
         engine.add_request(str(i), {"prompt_token_ids": ids},
@@ -394,7 +387,7 @@ def profile(ckpt: Path, work, batch: int, max_len: int, steps: int = 12) -> dict
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    with step_timers() as t:
+    try:
         while engine.has_unfinished_requests():
             steady = (window is None and full_run >= 3
                       and len(engine.scheduler.running) == batch)
@@ -424,6 +417,8 @@ def profile(ckpt: Path, work, batch: int, max_len: int, steps: int = 12) -> dict
             kinds[kind][0] += 1
             kinds[kind][1] += seconds
         whole = dict(t.seconds)
+    finally:
+        timers.__exit__(None, None, None)
     total = whole["step"]
     print(f"\n== profile of (a), {torch.get_num_threads()} threads: the whole workload, "
           f"{total:.1f} s in steps (timers on)")
@@ -448,7 +443,7 @@ def profile(ckpt: Path, work, batch: int, max_len: int, steps: int = 12) -> dict
           f"{min(contexts)}-{max(contexts)}, mean {sum(contexts) / len(contexts):.0f}): "
           f"{step_ms:.1f} ms per step")
     print_breakdown(rows, step_ms, "ms")
-    keys = ("linear", "causal_attention", "slot_mapping", "gather_kv", "kv_write")
+    keys = ("linear", "paged_attention", "store_kv", "sample")
     print("  calls per step: " + ", ".join(f"{k} {calls[k]}" for k in keys))
     averages = prof.key_averages()
     ops = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]

@@ -33,20 +33,23 @@ def causal_attention(
     <= p (causal) and, with a sliding window w (Mistral), only those > p - w.
     Returns [T, heads, head_dim].
     """
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    # Grouped-query attention: each K/V head serves num_heads // num_kv_heads query heads.
+    T, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    # Grouped-query attention: each K/V head serves a group of num_heads // num_kv_heads query
+    # heads. Laying the queries out as [kv_heads, group * T, head_dim] lets every query of a
+    # group meet its K/V head in one matrix product, without copying K/V once per query head.
     group = num_heads // num_kv_heads
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)  # [S, heads, head_dim]
-        v = v.repeat_interleave(group, dim=1)  # [S, heads, head_dim]
-
-    scores = torch.einsum("thd,shd->hts", q, k) * scale  # [heads, T, S]
+    q = q.view(T, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [kvh, group, T, hd]
+    q = q.reshape(num_kv_heads, group * T, head_dim)
+    scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # [kv_heads, group * T, S]
     visible = k_positions[None, :] <= q_positions[:, None]  # [T, S]
     if sliding_window is not None:
         visible &= k_positions[None, :] > q_positions[:, None] - sliding_window
-    scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # [heads, T, S]
-    return torch.einsum("hts,shd->thd", probs, v)  # [T, heads, head_dim]
+    scores = scores.masked_fill(~visible.repeat(group, 1), float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # [kv_heads, group * T, S]
+    out = torch.bmm(probs, v.transpose(0, 1))  # [kv_heads, group * T, head_dim]
+    return out.view(num_kv_heads, group, T, head_dim).permute(2, 0, 1, 3).reshape(
+        T, num_heads, head_dim)  # [T, heads, head_dim]
 # --8<-- [end:causal_attention]
 
 
@@ -66,7 +69,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
                     sliding_window: int | None = None) -> torch.Tensor:
-    """Varlen attention of a flat batch of queries over the paged cache.
+    """Varlen attention of a flat batch of queries over the paged cache: decodes batched
+    together (decode_attention), prompts and chunks one sequence at a time.
 
     q [T, heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim] with
     this step's K/V already stored (store_kv); block_tables [B, max_blocks] int32 (padding
@@ -77,10 +81,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     inputs keep a host copy) and the loop costs no device synchronisation.
     """
     out = torch.zeros_like(q)  # [T, heads, head_dim]; padding rows past the last sequence: 0
-    starts = query_start_loc.tolist()
-    for b, seq_len in enumerate(seq_lens.tolist()):
-        rows = slice(starts[b], starts[b + 1])
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    decodes = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
+    if decodes:  # one query each: all of them at once (the common case of a busy engine)
+        rows = torch.tensor([starts[b] for b in decodes], device=q.device)
+        out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[decodes],
+                                     seq_lens[decodes].to(q.device), scale, sliding_window)
+    for b, seq_len in enumerate(lens):  # prompts and chunks: one sequence at a time
         q_len = starts[b + 1] - starts[b]
+        if q_len <= 1:
+            continue
+        rows = slice(starts[b], starts[b + 1])
         keys = gather_kv(k_cache, block_tables[b], seq_len)  # [seq_len, kv_heads, head_dim]
         values = gather_kv(v_cache, block_tables[b], seq_len)
         k_positions = torch.arange(seq_len, device=q.device)  # [seq_len]
@@ -89,3 +100,32 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                      sliding_window)
     return out
 # --8<-- [end:paged_attention]
+
+
+# --8<-- [start:decode_attention]
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                     sliding_window: int | None = None) -> torch.Tensor:
+    """One query per sequence, each at position seq_len - 1: q [B, heads, head_dim].
+
+    Gathers every sequence's blocks at once, [B, max_blocks * block_size] slots, and masks
+    the slots past each sequence's length. Returns [B, heads, head_dim].
+    """
+    B, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    tables = block_tables.long()  # [B, max_blocks]
+    keys = k_cache[tables].flatten(1, 2)  # [B, L, kv_heads, head_dim], L = max_blocks * bs
+    values = v_cache[tables].flatten(1, 2)
+    positions = torch.arange(keys.shape[1], device=q.device)  # [L]
+    visible = positions[None, :] < seq_lens[:, None]  # [B, L]: slots this sequence filled
+    if sliding_window is not None:
+        visible &= positions[None, :] > seq_lens[:, None] - 1 - sliding_window
+    values = values.masked_fill(~visible[:, :, None, None], 0.0)  # unread slots stay unread
+    q = q.view(B, num_kv_heads, group, head_dim)  # each K/V head's query group
+    scores = torch.einsum("bkgd,blkd->bkgl", q, keys) * scale  # [B, kv_heads, group, L]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
+    out = torch.einsum("bkgl,blkd->bkgd", probs, values)  # [B, kv_heads, group, head_dim]
+    return out.reshape(B, num_heads, head_dim)
+# --8<-- [end:decode_attention]

@@ -152,30 +152,45 @@ def _blocked_mask(blocked_token_ids: torch.Tensor, vocab_size: int) -> torch.Ten
 def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor) -> torch.Tensor:
     """Temperature-scaled logits [S, vocab] -> the renormalised distribution [S, vocab] float64
-    over the tokens that survive top_k, then top_p. Tied tokens survive or fall together."""
+    over the tokens that survive top_k, then top_p. Tied tokens survive or fall together.
+
+    A row that asks for neither cut (top_k off, top_p = 1) is a plain softmax; only the rows
+    that cut are sorted. Which path a row takes depends on its own parameters alone.
+    """
     S, vocab = scaled.shape
-    positions = torch.arange(vocab, device=scaled.device).expand(S, vocab)  # [S, vocab]
+    probs = torch.softmax(scaled, dim=-1).double()  # [S, vocab]
+    cuts = ((top_k > 0) & (top_k < vocab)) | (top_p < 1)  # [S]
+    if bool(cuts.any()):
+        rows = cuts.nonzero()[:, 0]  # [R]
+        probs[rows] = _cut(scaled[rows], top_k[rows], top_p[rows])
+    return probs / probs.sum(dim=-1, keepdim=True)  # [S, vocab] float64
+
+
+def _cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The distribution [R, vocab] float64 (not yet renormalised) after the top_k and top_p
+    cuts, for rows that ask for at least one of them."""
+    R, vocab = scaled.shape
+    positions = torch.arange(vocab, device=scaled.device).expand(R, vocab)  # [R, vocab]
     # Softmax does not change the order, so one sort serves both cuts.
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [S, vocab] each
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [R, vocab] each
 
     # top_k: everything strictly below the k-th largest value is out.
-    k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)  # [S]
-    kth = sorted_logits.gather(1, (k - 1)[:, None])  # [S, 1]
+    k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)  # [R]
+    kth = sorted_logits.gather(1, (k - 1)[:, None])  # [R, 1]
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1).double()  # [S, vocab], descending
+    sorted_probs = torch.softmax(sorted_logits, dim=-1).double()  # [R, vocab], descending
 
     # top_p: keep a token iff the mass of the tokens strictly more probable than it is below
     # top_p. That mass is the exclusive cumsum at the first position of the token's tie group.
-    cumsum = torch.cumsum(sorted_probs, dim=-1)  # [S, vocab]
+    cumsum = torch.cumsum(sorted_probs, dim=-1)  # [R, vocab]
     mass_before = torch.cat([torch.zeros_like(cumsum[:, :1]), cumsum[:, :-1]], dim=-1)
-    starts_group = torch.ones_like(sorted_logits, dtype=torch.bool)  # [S, vocab]
+    starts_group = torch.ones_like(sorted_logits, dtype=torch.bool)  # [R, vocab]
     starts_group[:, 1:] = sorted_logits[:, 1:] != sorted_logits[:, :-1]
-    group_start = torch.where(starts_group, positions, 0).cummax(dim=-1).values  # [S, vocab]
-    mass_above = mass_before.gather(1, group_start)  # [S, vocab]
-    sorted_probs = sorted_probs.masked_fill(mass_above >= top_p.double()[:, None], 0.0)
-
-    probs = torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)  # vocab order
-    return probs / probs.sum(dim=-1, keepdim=True)  # [S, vocab] float64
+    group_start = torch.where(starts_group, positions, 0).cummax(dim=-1).values  # [R, vocab]
+    mass_above = mass_before.gather(1, group_start)  # [R, vocab]
+    cut_p = (top_p < 1)[:, None] & (mass_above >= top_p.double()[:, None])  # [R, vocab]
+    sorted_probs = sorted_probs.masked_fill(cut_p, 0.0)
+    return torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)  # vocab order
 
 
 # --8<-- [start:sample]
@@ -191,15 +206,16 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     greedy = metadata.temperature < GREEDY_BELOW  # [S]
     greedy_tokens = torch.argmax(logits, dim=-1)  # [S], first index on ties
 
-    temperature = torch.where(greedy, 1.0, metadata.temperature)  # [S], no division by ~0
-    probs = _top_k_top_p(logits / temperature[:, None], metadata.top_k, metadata.top_p)
-
-    # The exponential race: token i wins with probability p_i.
-    u = random_uniform(metadata.streams, metadata.positions, vocab)  # [S, vocab] float64
-    race = probs / -torch.log(u)  # [S, vocab], p / E with E ~ Exp(1)
-    drawn_tokens = torch.argmax(race, dim=-1)  # [S]
-
-    token_ids = torch.where(greedy, greedy_tokens, drawn_tokens)  # [S]
+    token_ids = greedy_tokens.clone()  # [S]
+    drawn = (~greedy).nonzero()[:, 0]  # [D] the rows that draw
+    if drawn.numel():
+        md = metadata
+        scaled = logits[drawn] / md.temperature[drawn][:, None]  # [D, vocab]
+        probs = _top_k_top_p(scaled, md.top_k[drawn], md.top_p[drawn])  # [D, vocab]
+        # The exponential race: token i wins with probability p_i.
+        u = random_uniform(md.streams[drawn], md.positions[drawn], vocab)  # [D, vocab] f64
+        race = probs / -torch.log(u)  # [D, vocab], p / E with E ~ Exp(1)
+        token_ids[drawn] = torch.argmax(race, dim=-1)  # [D]
     chosen = logprobs.gather(1, token_ids[:, None])[:, 0]  # [S]
     top = torch.topk(logprobs, min(metadata.num_logprobs, vocab), dim=-1)  # [S, K] each
     return SamplerOutput(token_ids, chosen, top.values, top.indices)
