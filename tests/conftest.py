@@ -1,5 +1,7 @@
 """Shared fixtures: small random-weight checkpoints of every family, written once per session."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -11,6 +13,16 @@ FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "opt")
 # near-flat logits (spread ~0.16) of the usual 0.02: the gap between the best and second-best
 # token is then far above float32 reordering noise (~1e-5), so greedy comparisons are decisive.
 INIT_STD = 0.2
+
+# The engine-level tests run once per tier through the `tier` fixture: every tier exports the same
+# public API (LLM, LLMEngine, SamplingParams, BeamSearchParams) and must give the same results.
+TIERS = ["reference"]  # issue 13 adds "optimized"
+
+
+@pytest.fixture(scope="module", params=TIERS, ids=TIERS)
+def tier(request):
+    """The tier's package, `pagedllm.<tier>`: use tier.LLM, tier.SamplingParams, ..."""
+    return importlib.import_module(f"pagedllm.{request.param}")
 
 
 @pytest.fixture(scope="session")

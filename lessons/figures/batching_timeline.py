@@ -7,8 +7,10 @@ and at most four run at a time (max_num_seqs=4). The same workload runs twice:
 
 - batching="static": the traditional baseline. Four requests form a batch, padded to the
   longest prompt, and the batch runs until its last member finishes; only then the next four.
+  It runs on the contiguous layout (kv_layout="contiguous"), as the systems it stands for did:
+  each request reserves a slab of max_model_len (256) slots, and the pool holds four.
 - batching="continuous": the scheduler rebuilds the batch every step; a request that finishes
-  leaves at once and a waiting one takes its place.
+  leaves at once and a waiting one takes its place. Paged memory, blocks of 4 slots.
 
 The script wraps the scheduler's ``schedule`` to record each step's SchedulerOutput (which
 sequences run, how many tokens each computes, how many padding rows static batching adds) and
@@ -39,6 +41,13 @@ HERE = Path(__file__).resolve().parent
 PROMPT_LENS = [5, 9, 3, 7, 6, 4, 8, 5]  # tokens per prompt, request r0 ... r7
 OUTPUT_LENS = [6, 24, 4, 10, 16, 5, 12, 8]  # max_tokens per request (ignore_eos: exact)
 MAX_NUM_SEQS = 4
+MAX_MODEL_LEN = 256  # the checkpoint's positions
+MEMORY = {  # static: the traditional layout, a slab of max_model_len slots reserved per request
+    # (room for MAX_NUM_SEQS of them); continuous: paged blocks of 4 slots, taken on demand
+    "static": dict(kv_layout="contiguous", reservation_policy="max", block_size=4,
+                   num_gpu_blocks=MAX_NUM_SEQS * MAX_MODEL_LEN // 4),
+    "continuous": dict(kv_layout="paged", block_size=4, num_gpu_blocks=128),
+}
 MODES = ("static", "continuous")
 STATES = {  # state -> (label, face colour, hatch)
     "prefill": ("prefill (prompt computed)", "#1a4480", None),
@@ -55,8 +64,7 @@ def prompt(i: int) -> list[int]:
 
 def run(model_dir: str, batching: str) -> dict:
     """Run the workload to the end; return per-step records and every request's tokens."""
-    llm = LLM(model_dir, block_size=4, num_gpu_blocks=128, max_num_seqs=MAX_NUM_SEQS,
-              batching=batching)
+    llm = LLM(model_dir, max_num_seqs=MAX_NUM_SEQS, batching=batching, **MEMORY[batching])
     engine = llm.engine
     names = [f"r{i}" for i in range(len(PROMPT_LENS))]
     for i, name in enumerate(names):
@@ -192,7 +200,7 @@ def main() -> None:
     out = {"config": {"model": "tiny random-weight llama (tiny_config('llama'), seed 0, "
                                "init_std 0.2)",
                       "prompt_lens": PROMPT_LENS, "output_lens": OUTPUT_LENS,
-                      "max_num_seqs": MAX_NUM_SEQS, "block_size": 4, "num_gpu_blocks": 128,
+                      "max_num_seqs": MAX_NUM_SEQS, "memory": MEMORY,
                       "all requests queued before the first step": True},
            "same_tokens_in_both_modes": same,
            "modes": {mode: {"summary": summary(res), "steps": res["steps"]}

@@ -38,6 +38,7 @@ LONG_PROMPT = 200
 LONG_OUTPUT = 8
 LONG_ARRIVES = 6  # added just before this step
 CHUNK_BUDGET = 32  # max_num_batched_tokens with chunked prefill
+MAX_MODEL_LEN = 256  # the checkpoint's positions: the budget without chunked prefill
 MODES = {"whole prompts (enable_chunked_prefill=False)": False,
          f"chunked prefill (enable_chunked_prefill=True, max_num_batched_tokens="
          f"{CHUNK_BUDGET})": True}
@@ -45,9 +46,10 @@ COLORS = {"decode": "#63a4e6", "short prefill": "#1a4480", "long prefill": "#d97
 
 
 def run(model_dir: str, chunked: bool) -> dict:
+    # Without chunking a whole prompt must fit one step: the budget is max_model_len (256).
     llm = LLM(model_dir, block_size=16, num_gpu_blocks=64, max_num_seqs=8,
               enable_chunked_prefill=chunked,
-              max_num_batched_tokens=CHUNK_BUDGET)  # LLM raises it to max_model_len unchunked
+              max_num_batched_tokens=CHUNK_BUDGET if chunked else MAX_MODEL_LEN)
     engine = llm.engine
     for i, n in enumerate(SHORT_PROMPTS):
         engine.add_request(f"d{i}", {"prompt_token_ids": [(3 * i + j + 1) % 256

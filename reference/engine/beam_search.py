@@ -20,9 +20,12 @@ search always runs to max_tokens (transformers' early_stopping="never"); transfo
 stops earlier on a heuristic, which can differ once end-of-sequence tokens appear.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+from .validation import check_float, check_int
 
 
 @dataclass
@@ -33,10 +36,11 @@ class BeamSearchParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.beam_width < 1:
-            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check_int("beam_width", self.beam_width, low=1)
+        check_int("max_tokens", self.max_tokens, low=1)
+        check_float("length_penalty", self.length_penalty, -math.inf)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
 
 @dataclass

@@ -32,6 +32,7 @@ from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
 from .step_inputs import StepInputs, prepare_inputs
 from .stop import check_stop
+from .validation import check_int, check_token_ids
 
 KV_LAYOUTS = ("paged", "contiguous")
 POLICIES = ("max", "pow2", "oracle")
@@ -79,6 +80,9 @@ class LLMEngine:
         With BeamSearchParams the request is a beam search (its outputs: the best beams)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams | BeamSearchParams):
+            raise TypeError(f"params must be SamplingParams or BeamSearchParams, got "
+                            f"{type(params).__name__}")
         text, ids = self.prompt_ids(prompt)
         max_len = self.config.max_model_len
         if len(ids) > max_len:
@@ -86,6 +90,7 @@ class LLMEngine:
                              f"{max_len}")
         beam = isinstance(params, BeamSearchParams)
         width = params.beam_width if beam else params.n
+        self._check_schedulable(params, width, "beam_width" if beam else "n")
         if (beam or width > 1) and self.kv.layout != "paged":
             what = "beams" if beam else f"n = {width} parallel samples"
             raise ValueError(f"{what} share the prompt's blocks, which needs kv_layout='paged'")
@@ -109,6 +114,25 @@ class LLMEngine:
         self.groups[request_id] = group
         self.scheduler.add(group)
 
+    def _check_schedulable(self, params, width: int, field: str) -> None:
+        """Refuse what the scheduler could never run, or the sampler never serve."""
+        sc, vocab = self.config, self.vocab_size
+        if width > sc.max_num_seqs:
+            raise ValueError(f"{field} = {width} runs {width} sequences at once, more than "
+                             f"max_num_seqs = {sc.max_num_seqs}: lower {field} or raise "
+                             "max_num_seqs")
+        if width > sc.max_num_batched_tokens:
+            raise ValueError(f"{field} = {width} decodes {width} tokens per step, more than "
+                             f"max_num_batched_tokens = {sc.max_num_batched_tokens}")
+        if isinstance(params, SamplingParams):
+            if params.logprobs is not None and params.logprobs > vocab:
+                raise ValueError(f"logprobs = {params.logprobs} is more than the vocabulary "
+                                 f"of {vocab} tokens")
+            bad = [t for t in params.stop_token_ids if t >= vocab]
+            if bad:
+                raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary; "
+                                 f"valid ids are 0..{vocab - 1}")
+
     def prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt given as text, token ids or a dict."""
         vocab = self.vocab_size
@@ -123,6 +147,9 @@ class LLMEngine:
                 raise ValueError("this model folder has no tokenizer: pass "
                                  "{'prompt_token_ids': [...]} instead of text")
             return prompt, check_prompt(self.tokenizer(prompt)["input_ids"], vocab)
+        if not isinstance(prompt, list | tuple):
+            raise TypeError(f"a prompt is text, a list of token ids or "
+                            f"{{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
         return None, check_prompt(prompt, vocab)
 
     def abort_request(self, request_id: str) -> None:
@@ -318,13 +345,11 @@ class LLMEngine:
 
 def check_prompt(prompt_ids, vocab_size: int) -> list[int]:
     """A non-empty list of token ids inside the vocabulary, or a ValueError saying what is wrong."""
-    ids = [int(t) for t in prompt_ids]
+    if isinstance(prompt_ids, torch.Tensor):
+        prompt_ids = prompt_ids.tolist()
+    ids = check_token_ids("prompt", prompt_ids, vocab_size)
     if not ids:
         raise ValueError("the prompt is empty; give at least one token")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"token ids {bad[:5]} are outside the vocabulary; "
-                         f"valid ids are 0..{vocab_size - 1}")
     return ids
 
 
@@ -344,8 +369,17 @@ def _check_engine_args(kv_layout, policy, sc: SchedulerConfig, block_size, num_g
         raise ValueError("batching='static' is the traditional baseline: it reserves each "
                          "request's memory up front and never preempts, so it needs "
                          "kv_layout='contiguous'")
-    if sc.max_num_seqs < 1 or block_size < 1 or num_gpu_blocks < 1:
-        raise ValueError("max_num_seqs, block_size and num_gpu_blocks must be >= 1")
+    check_int("max_num_seqs", sc.max_num_seqs, low=1)
+    check_int("block_size", block_size, low=1)
+    check_int("num_gpu_blocks", num_gpu_blocks, low=1)
+    check_int("max_model_len", sc.max_model_len, low=1)
+    check_int("max_num_batched_tokens", sc.max_num_batched_tokens, low=1)
+    if (kv_layout == "contiguous" and policy == "max"
+            and num_gpu_blocks * block_size < sc.max_model_len):
+        raise ValueError(f"kv_layout='contiguous' with the 'max' policy reserves max_model_len = "
+                         f"{sc.max_model_len} slots per request, more than the whole pool of "
+                         f"{num_gpu_blocks * block_size}: give the pool more memory, lower "
+                         "max_model_len, or use reservation_policy 'pow2' or 'oracle'")
     if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < sc.max_model_len:
         raise ValueError(f"max_num_batched_tokens ({sc.max_num_batched_tokens}) must be >= "
                          f"max_model_len ({sc.max_model_len}) unless enable_chunked_prefill: a "

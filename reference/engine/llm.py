@@ -13,7 +13,9 @@ from .engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import SchedulerConfig
+from .validation import check_int
 
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # bytes, when neither num_gpu_blocks nor memory is given
 
 
@@ -28,14 +30,25 @@ class LLM:
                  enable_chunked_prefill: bool = False, seed: int = 0,
                  backend: Backend = REFERENCE_BACKEND):
         cfg = load_config(model)
-        max_model_len = max_model_len or cfg.max_position_embeddings
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported; choose one of {FLOAT_DTYPES}")
+        check_int("block_size", block_size, low=1)
+        check_int("swap_space_blocks", swap_space_blocks, low=0)
+        if max_model_len is None:
+            max_model_len = cfg.max_position_embeddings
+        check_int("max_model_len", max_model_len, low=1)
         if max_model_len > cfg.max_position_embeddings:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's "
                              f"{cfg.max_position_embeddings} positions")
         if num_gpu_blocks is None:  # as many blocks as the KV memory budget buys
+            if kv_cache_memory is not None:
+                check_int("kv_cache_memory", kv_cache_memory, low=1)
             per_token = kv_size(model, dtype).bytes_per_token
             num_gpu_blocks = (kv_cache_memory or DEFAULT_KV_CACHE_MEMORY) // (
                 per_token * block_size)
+            if num_gpu_blocks < 1:
+                raise ValueError(f"kv_cache_memory = {kv_cache_memory} bytes holds no block of "
+                                 f"{block_size} tokens ({per_token * block_size} bytes)")
         self.model_dir = Path(model)
         self.tokenizer = _load_tokenizer(self.model_dir)
         if max_num_batched_tokens is None:  # vLLM's default: a whole prompt fits one step
@@ -57,8 +70,7 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Outputs in the order of the prompts. Strings, token-id lists or
         {"prompt_token_ids": [...]} dicts; one SamplingParams for all or one per prompt."""
-        if isinstance(prompts, str | dict):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
@@ -70,7 +82,9 @@ class LLM:
         """The beam_width best continuations of each prompt, best first. Beam searches run
         through the engine like any request: batched with others, preempted, swapped; beams
         share blocks through fork and copy-on-write."""
-        prompts = [prompts] if isinstance(prompts, str | dict) else prompts
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        prompts = _prompt_list(prompts)
         outs = self._run(prompts, [params] * len(prompts), "beam search", use_tqdm)
         return [BeamSearchOutput(out.prompt_token_ids, [
             BeamSearchSequence(c.token_ids, c.cumulative_logprob,
@@ -109,6 +123,20 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (text or a dict) or a list of prompts; a flat list of ints is ambiguous."""
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    if not isinstance(prompts, list | tuple):
+        raise TypeError(f"prompts must be a prompt or a list of prompts, got "
+                        f"{type(prompts).__name__}")
+    if prompts and all(isinstance(p, int) for p in prompts):
+        raise TypeError("prompts is a flat list of integers: pass token ids as "
+                        "{'prompt_token_ids': [1, 2, 3]} (or a list of such dicts, or a list "
+                        "of lists) so that one prompt is not read as many")
+    return list(prompts)
 
 
 def _load_tokenizer(model_dir: Path):

@@ -3,11 +3,13 @@ when it is made, so a bad value is refused before it reaches the engine."""
 
 from dataclasses import dataclass, field
 
+from .validation import check_float, check_int
+
 
 @dataclass
 class SamplingParams:
     n: int = 1  # samples per prompt (parallel sampling)
-    temperature: float = 1.0  # 0 is greedy
+    temperature: float = 1.0  # 0 (or below 1e-5) is greedy
     top_k: int = -1  # keep the k most likely tokens; -1 keeps all
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
     seed: int | None = None  # sample i draws from its own generator seeded seed + i
@@ -20,22 +22,25 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self):
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (all tokens) or >= 1, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], "
-                             f"got {self.min_tokens}")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0 or None, got {self.logprobs}")
-        self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(not s for s in self.stop_strings):
-            raise ValueError("stop strings must be non-empty")
+        check_int("n", self.n, low=1)
+        check_float("temperature", self.temperature, 0.0)  # below 1e-5 it is greedy
+        check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_int("top_k", self.top_k, low=1, allowed=(-1,))
+        if self.seed is not None:
+            check_int("seed", self.seed, low=0, high=2**64 - 1)
+        check_int("max_tokens", self.max_tokens, low=1)
+        check_int("min_tokens", self.min_tokens, low=0, high=self.max_tokens)
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, low=0)
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got "
+                             f"{self.stop!r}")
+        self.stop_strings = stops
+        if isinstance(self.stop_token_ids, str | bytes):
+            raise TypeError("stop_token_ids must be a list of token ids, got a string")
         self.stop_token_ids = list(self.stop_token_ids or [])
+        for token in self.stop_token_ids:
+            check_int("stop_token_ids", token, low=0)

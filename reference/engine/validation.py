@@ -1,0 +1,58 @@
+"""Checks of the values a user hands in, each answering with what was wrong and what is right.
+
+Shared by SamplingParams, BeamSearchParams and the engine's door, so every tier refuses the
+same input with the same words. A wrong type is a TypeError (bool is not accepted where an
+integer is meant: True is an int to Python, not to a user); a value outside its range is a
+ValueError naming the field and the range.
+"""
+
+import math
+
+
+def check_int(name: str, value, low: int | None = None, high: int | None = None,
+              allowed: tuple = ()) -> None:
+    """value is an int (not a bool) with low <= value <= high, or one of allowed."""
+    if value in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if (low is not None and value < low) or (high is not None and value > high):
+        if high is None:
+            limit = f">= {low}"
+        elif low is None:
+            limit = f"<= {high}"
+        else:
+            limit = f"in [{low}, {high}]"
+        either = "".join(f"{a} or " for a in allowed)
+        raise ValueError(f"{name} must be {either}{limit}, got {value}")
+
+
+def check_float(name: str, value, low: float, high: float = math.inf, *,
+                low_open: bool = False) -> None:
+    """value is a finite real number with low <= value <= high (low < value if low_open)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if value < low or (low_open and value == low) or value > high:
+        if math.isfinite(high):
+            limit = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        else:
+            limit = f"{'>' if low_open else '>='} {low:g}"
+        raise ValueError(f"{name} must be {limit}, got {value}")
+
+
+def check_token_ids(name: str, ids, vocab_size: int) -> list[int]:
+    """A list of token ids inside the vocabulary (ints, not strings or floats)."""
+    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of token ids (integers), got {ids!r}")
+    ids = list(ids)
+    wrong = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
+    if wrong:
+        raise TypeError(f"{name} must hold integer token ids, got {wrong[0]!r} "
+                        f"({type(wrong[0]).__name__}); e.g. [1, 2, 3]")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{name}: token ids {bad[:5]} are outside the vocabulary; "
+                         f"valid ids are 0..{vocab_size - 1}")
+    return ids
