@@ -3,7 +3,8 @@
 The script runs the real engine (pagedllm.reference.engine.llm.LLM) on a small random-weight Llama
 checkpoint written to a temporary folder. One request: a prompt of 10 tokens, n = 3 samples of 8
 tokens each (temperature 1, seed 0, ignore_eos), blocks of 4 token slots. It reads the block
-manager's tables (seq_id -> BlockTable) and the GPU pool's reference counts after each step:
+manager's tables (seq_id -> BlockTable) and the GPU pool's reference counts after each step,
+and the blocks in use just before each forward (a step observer, ``engine.add_step_observer``):
 
 - after step 1: the prompt was prefilled once, into blocks 0, 1 and 2 (the last one holds 2 of
   its 4 slots); the parent forked two children, so all three samples share the three blocks
@@ -69,13 +70,11 @@ def run(model_dir: str) -> dict:
     engine = llm.engine
     engine.add_request("r", {"prompt_token_ids": PROMPT}, params(N, SEED))
     snaps, used, step = [], [], 0
-    execute = engine._execute
 
-    def counting_execute(sched):  # blocks held while the model runs: the step's slots are set
+    def count_blocks(engine, sched, inputs):  # just before the forward: the step's slots are set
         used.append(engine.stats()["blocks_used"])
-        return execute(sched)
 
-    engine._execute = counting_execute
+    engine.add_step_observer(count_blocks)
     while engine.has_unfinished_requests():
         engine.step()
         step += 1
@@ -93,9 +92,9 @@ def copies_hold_the_same_kv(engine, snap: dict) -> None:
     filled = len(PROMPT) % BLOCK_SIZE  # prompt tokens in the partly filled last block
     if not filled:
         return  # the prompt filled its last block: nothing was shared-and-written, no copies
-    gpu = engine.kv.gpu
+    tensors = engine.cache_engine  # the KV tensors: per layer [num_blocks, block_size, ...]
     last = {s["index"]: s["block_table"][-1] for s in snap["samples"]}
-    for cache in (*gpu.k, *gpu.v):  # every layer, K and V
+    for cache in (*tensors.gpu_k, *tensors.gpu_v):  # every layer, K and V
         for i in range(N - 1):
             assert torch.equal(cache[last[i]][:filled], cache[last[N - 1]][:filled])
             assert not torch.equal(cache[last[i]][filled], cache[last[N - 1]][filled])

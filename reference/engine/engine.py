@@ -172,18 +172,28 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------------
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return the outputs of the requests this step touched."""
-        sched = self.scheduler.schedule()
-        self.cache_engine.apply(sched.blocks_to_swap_out, sched.blocks_to_swap_in,
-                                sched.blocks_to_copy)
-        if sched.scheduled:
-            inputs = prepare_inputs(sched, self.kv, self.vocab_size, self.eos_token_id,
-                                    self.device)
-            for observe in self.step_observers:
-                observe(self, sched, inputs)
-            logits = self.execute_model(inputs)  # [S, vocab]
-            sampled = self.backend.sample(logits, inputs.sampling)
-            self._update(sched, inputs, logits, sampled)
+        """Run one iteration; return the outputs of the requests this step touched.
+
+        If anything in the step raises, the requests it was running are finished with
+        finish_reason "error" and their memory freed before the exception goes on: the engine
+        stays usable and every other request is untouched.
+        """
+        sched = None
+        try:
+            sched = self.scheduler.schedule()
+            self.cache_engine.apply(sched.blocks_to_swap_out, sched.blocks_to_swap_in,
+                                    sched.blocks_to_copy)
+            if sched.scheduled:
+                inputs = prepare_inputs(sched, self.kv, self.vocab_size, self.eos_token_id,
+                                        self.device)
+                for observe in self.step_observers:
+                    observe(self, sched, inputs)
+                logits = self.execute_model(inputs)  # [S, vocab]
+                sampled = self.backend.sample(logits, inputs.sampling)
+                self._update(sched, inputs, logits, sampled)
+        except BaseException:
+            self._fail_step(sched)
+            raise
         touched = list(dict.fromkeys(item.group for item in sched.scheduled))
         for group in touched:
             if group.is_finished and self.config.batching == "continuous":
@@ -195,6 +205,24 @@ class LLMEngine:
                 self.groups.pop(group.request_id, None)
         return outputs
     # --8<-- [end:step]
+
+    def _fail_step(self, sched: SchedulerOutput | None) -> None:
+        """Finish the failed step's requests with an error and free their memory. Which
+        requests: those the step scheduled or preempted; if scheduling itself failed, every
+        request holding memory (its bookkeeping may be half done)."""
+        if sched is not None:
+            groups = [item.group for item in sched.scheduled] + sched.preempted
+        else:
+            groups = [*self.scheduler.running, *self.scheduler.swapped]
+        for group in dict.fromkeys(groups):
+            if group.request_id not in self.groups:
+                continue  # a beam search's internal call, or already gone
+            self.scheduler.remove(group)
+            for seq in group.seqs:
+                if not seq.is_finished:
+                    seq.status, seq.finish_reason = SequenceStatus.FINISHED, "error"
+            del self.groups[group.request_id]
+        self.scheduler.finish_static_batch_if_done()
 
     # --8<-- [start:execute]
     @torch.inference_mode()
@@ -290,6 +318,7 @@ class LLMEngine:
                              status=SequenceStatus.RUNNING, cumulative_logprob=score)
             self.kv.fork(parent_seq, child)  # shares every block; copy-on-write at append
             new_beams.append(child)
+            group.seqs.append(child)  # held by the group from now on (freed if a step fails)
         for beam in beams:  # the old generation goes; blocks its children share remain
             self.kv.free_seq(beam)
             beam.status = SequenceStatus.FINISHED

@@ -132,11 +132,9 @@ class Scheduler:
             group = queue.popleft()
             seqs = group.unfinished_seqs()
             prefilling = [s for s in seqs if s.is_prefill]
-            if prefilling:  # chunked prompts that are not done yet
+            if prefilling:  # chunked prompts (or a recomputed group's prompts) not done yet
                 for seq in prefilling:
-                    n = min(seq.num_uncomputed_tokens, self._tokens_left(out))
-                    if n > 0:
-                        out.add(group, seq, n)
+                    self._add_prefill(out, group, seq)
                 self.running.append(group)
                 continue
             if self._tokens_left(out) < len(seqs):
@@ -159,22 +157,30 @@ class Scheduler:
         while self.waiting:
             group = self.waiting[0]
             seqs = group.unfinished_seqs()  # several only when a forked group is recomputed
-            tokens = sum(s.num_uncomputed_tokens for s in seqs)  # prompt (+ output to redo)
+            # Without chunking a sequence's prefill runs whole, so its longest one must fit;
+            # a recomputed forked group may spread its sequences' prefills over several steps
+            # (all n together could need more than the budget, and would never be admitted).
+            longest = max(s.num_uncomputed_tokens for s in seqs)  # prompt (+ output to redo)
             if self._num_running_seqs() + group.max_running_seqs() > self.config.max_num_seqs:
                 break
             left = self._tokens_left(out)
-            if left == 0 or (not chunked and tokens > left) or not self.kv.can_admit(group):
+            if left == 0 or (not chunked and longest > left) or not self.kv.can_admit(group):
                 break  # FCFS: whoever is behind the head waits too
             self.waiting.popleft()
+            self.running.append(group)
             for seq, cached in zip(seqs, self.kv.admit(group), strict=True):
                 seq.num_computed_tokens = cached  # found in the prefix cache: no prefill
             group.set_status(SequenceStatus.RUNNING)
-            self.running.append(group)
             for seq in seqs:
-                n = min(seq.num_uncomputed_tokens, self._tokens_left(out))
-                if n > 0:
-                    out.add(group, seq, n)
+                self._add_prefill(out, group, seq)
     # --8<-- [end:admit]
+
+    def _add_prefill(self, out: SchedulerOutput, group: SequenceGroup, seq: Sequence) -> None:
+        """Schedule what fits of the sequence's uncomputed tokens: a chunk with chunked
+        prefill, else all of them or (when the budget is spent) none this step."""
+        n = min(seq.num_uncomputed_tokens, self._tokens_left(out))
+        if n > 0 and (self.config.enable_chunked_prefill or n == seq.num_uncomputed_tokens):
+            out.add(group, seq, n)
 
     # --8<-- [start:swap_in]
     def _swap_in(self, out: SchedulerOutput) -> None:
@@ -191,7 +197,7 @@ class Scheduler:
             group.set_status(SequenceStatus.RUNNING)
             for seq in seqs:
                 if seq.is_prefill:  # swapped out halfway through a chunked prompt: go on with it
-                    out.add(group, seq, min(seq.num_uncomputed_tokens, self._tokens_left(out)))
+                    self._add_prefill(out, group, seq)
                 else:
                     self._append(seq, out)
                     out.add(group, seq, 1)

@@ -98,8 +98,10 @@ class BlockSpaceManager:
             self.prefix_cache.evict(block)  # lazy eviction: its old content is overwritten now
         return block
 
+    # --8<-- [start:blocks_needed]
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil
+    # --8<-- [end:blocks_needed]
 
     # -- admission ------------------------------------------------------------------------
     def num_new_blocks(self, num_tokens: int, token_ids: list[int] | None = None) -> int:
@@ -123,10 +125,12 @@ class BlockSpaceManager:
         """
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks; free it first")
+        # --8<-- [start:never_fits]
         needed = self.blocks_needed(num_tokens)
         if needed > self.gpu.num_blocks:
             raise ValueError(f"{num_tokens} tokens need {needed} blocks of {self.block_size}, "
                              f"more than the whole pool of {self.gpu.num_blocks}")
+        # --8<-- [end:never_fits]
         if self.num_new_blocks(num_tokens, token_ids) > self.gpu.num_free:
             raise RuntimeError(f"{needed} blocks needed, {self.gpu.num_free} free: "
                                "check can_allocate first")
@@ -236,7 +240,7 @@ class BlockSpaceManager:
     # A sequence group (a request's samples or beams) is swapped as a unit, so pass all its
     # sequence ids: a block they share moves once and stays shared on the other side.
     def can_swap_out(self, seq_ids: int | list[int]) -> bool:
-        return len(self._group_blocks(seq_ids, "gpu")) <= self.cpu.num_free
+        return len(self.group_blocks(seq_ids, "gpu")) <= self.cpu.num_free
 
     def swap_out(self, seq_ids: int | list[int]) -> list[tuple[int, int]]:
         """Move the sequences' blocks to the CPU pool; returns (gpu_block, cpu_block) pairs."""
@@ -245,13 +249,14 @@ class BlockSpaceManager:
     def can_swap_in(self, seq_ids: int | list[int]) -> bool:
         ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
         # plus one spare block per sequence for the token each appends next
-        return len(self._group_blocks(ids, "cpu")) + len(ids) <= self.gpu.num_free
+        return len(self.group_blocks(ids, "cpu")) + len(ids) <= self.gpu.num_free
 
     def swap_in(self, seq_ids: int | list[int]) -> list[tuple[int, int]]:
         """Bring swapped-out sequences back; returns (cpu_block, gpu_block) pairs."""
         return self._move(seq_ids, self.cpu, self.gpu)
 
-    def _group_blocks(self, seq_ids: int | list[int], device: str) -> list[int]:
+    def group_blocks(self, seq_ids: int | list[int], device: str) -> list[int]:
+        """The distinct blocks the sequences hold on the device (a shared block once)."""
         ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
         return list(dict.fromkeys(b for i in ids for b in self._table(i, device).blocks))
 
@@ -259,7 +264,7 @@ class BlockSpaceManager:
     def _move(self, seq_ids: int | list[int], src: BlockPool,
               dst: BlockPool) -> list[tuple[int, int]]:
         ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
-        unique = self._group_blocks(ids, src.device)
+        unique = self.group_blocks(ids, src.device)
         if len(unique) > dst.num_free:
             raise ValueError(f"moving sequences {ids} to the {dst.device} needs {len(unique)} "
                              f"blocks, {dst.num_free} are free; nothing was moved")

@@ -82,20 +82,21 @@ class PagedKVCacheManager:
         """Blocks for one more token per sequence: a fresh block where the last is full; a copy
         where it is shared — except for the last of the group's sharers to write, when nobody
         outside the group holds the block (by then it owns the block alone)."""
+        return self._blocks_to_append(group, self.manager.gpu) <= self.num_free_blocks
+
+    def _blocks_to_append(self, group, pool) -> int:
         needed = 0
         sharers: dict[int, int] = {}
         for seq in group.unfinished_seqs():
-            if not self.manager.append_needs_block(seq.seq_id):
-                continue
             table = self.manager.tables[seq.seq_id]
             if table.num_tokens == len(table.blocks) * self.block_size:
                 needed += 1  # last block full
-            else:
+            elif pool.ref_counts[table.blocks[-1]] > 1:
                 sharers[table.blocks[-1]] = sharers.get(table.blocks[-1], 0) + 1
         for block, count in sharers.items():
-            outside = self.manager.gpu.ref_counts[block] > count
+            outside = pool.ref_counts[block] > count
             needed += count if outside else count - 1
-        return needed <= self.num_free_blocks
+        return needed
 
     # --8<-- [start:append]
     def append(self, seq) -> tuple[int, int] | None:
@@ -128,7 +129,11 @@ class PagedKVCacheManager:
         return self.manager.swap_out([s.seq_id for s in group.unfinished_seqs()])
 
     def can_swap_in(self, group) -> bool:
-        return self.manager.can_swap_in([s.seq_id for s in group.unfinished_seqs()])
+        """Room for the group's blocks and for the token each sequence appends next: exactly
+        what it needs, so a group that ran in the pool once always fits an empty pool."""
+        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
+        blocks = len(self.manager.group_blocks(seq_ids, "cpu"))
+        return blocks + self._blocks_to_append(group, self.manager.cpu) <= self.num_free_blocks
 
     def swap_in(self, group) -> list[tuple[int, int]]:
         """(cpu block, gpu block) pairs whose data the cache engine must move."""

@@ -17,6 +17,7 @@ import torch
 from ..ops import REFERENCE_BACKEND, causal_attention
 
 
+# --8<-- [start:one_sequence]
 class OneSequenceCache:
     """What the two caches below share: attend = store_and_fetch, then causal attention."""
 
@@ -28,6 +29,7 @@ class OneSequenceCache:
         keys, values, key_positions = self.store_and_fetch(layer, positions, k, v)
         return causal_attention(q, keys, values, positions, key_positions, scale,
                                 sliding_window)  # [T, heads, head_dim]
+# --8<-- [end:one_sequence]
 
 
 # --8<-- [start:no_cache]
