@@ -30,6 +30,8 @@ import torch
 from .model.config import load_config
 
 GIB = 2**30
+# A budget above this is a typo (bytes or MiB given as GiB), not a GPU: 1e6 GiB is a petabyte.
+MAX_MEMORY_GIB = 1e6
 
 
 # --8<-- [start:kv_size]
@@ -77,13 +79,22 @@ PRESETS = {  # name: (layers, kv_heads, head_dim, max_len)
 
 def kv_size(model: str | Path, dtype: torch.dtype | str | None = None) -> KVSize:
     """KV size of a preset name (fp16 unless dtype says otherwise) or a checkpoint folder."""
+    if not isinstance(model, str | Path):
+        raise TypeError(f"model must be a preset name or a checkpoint folder (str or Path), got "
+                        f"{model!r} ({type(model).__name__})")
     if isinstance(dtype, str):
         dtype = _parse_dtype(dtype)
+    elif dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a name such as 'float16' or a torch.dtype, got "
+                        f"{dtype!r} ({type(dtype).__name__})")
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype {dtype} is not a floating dtype; the KV cache holds keys and "
+                         "values as float16, bfloat16 or float32")
     if str(model) in PRESETS:
         layers, kv_heads, head_dim, max_len = PRESETS[str(model)]
         item = torch.empty((), dtype=dtype or torch.float16).element_size()
         return KVSize(str(model), layers, kv_heads, head_dim, item, max_len)
-    if not Path(model).exists():
+    if str(model) == "" or not Path(model).exists():
         raise ValueError(f"{str(model)!r} is neither a preset nor a folder; presets: "
                          f"{', '.join(PRESETS)}")
     cfg = load_config(model)
@@ -93,14 +104,16 @@ def kv_size(model: str | Path, dtype: torch.dtype | str | None = None) -> KVSize
 
 
 def _parse_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
+    dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype {name!r} is not a torch dtype; try float16, bfloat16 or float32")
     return dtype
 
 
 def describe(s: KVSize, tokens: int | None = None) -> str:
-    tokens = tokens or s.max_len
+    if tokens is None:
+        tokens = s.max_len
+    _check_positive(tokens=tokens)  # 0 must not quietly become "the maximum"
     total = s.bytes_for(tokens)
     return "\n".join([
         f"{s.name}: 2 (K and V) x {s.num_layers} layers x {s.num_kv_heads} KV heads "
@@ -139,13 +152,31 @@ def context_per_user(s: KVSize, memory_bytes: int, users: int) -> int:
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_memory_gib(name: str, value: float) -> None:
+    """A KV budget in GiB: a finite number above zero, and not absurdly large."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of GiB, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of GiB, got {value}; give the GPU "
+                         "memory left for the KV cache, e.g. 60")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}; give the GPU memory left for the "
+                         "KV cache in GiB, e.g. 60")
+    if value > MAX_MEMORY_GIB:
+        raise ValueError(f"{name} must be at most {MAX_MEMORY_GIB:g} GiB (a petabyte), got "
+                         f"{value:g}; it is in GiB, not bytes or MiB: e.g. 60")
 
 
 def plan(s: KVSize, memory_gib: float, context: int | None = None, mean_tokens: int | None = None,
          block_size: int = 16, users: int | None = None) -> str:
     """The capacity questions for one model and KV budget, answered in words."""
+    _check_memory_gib("memory_gib", memory_gib)
     memory = int(memory_gib * GIB)
     context = s.max_len if context is None else context
     _check_positive(context=context)
@@ -197,8 +228,11 @@ def run(args: argparse.Namespace) -> int:
                                 for name in ("context", "mean_tokens", "users")):
         raise ValueError("--context, --mean-tokens and --users plan capacity: give the KV "
                          "budget with --memory-gib too")
-    if planning is not None and not planning > 0:
-        raise ValueError(f"--memory-gib must be > 0, got {planning}")
+    if planning is not None:
+        _check_memory_gib("--memory-gib", planning)
+    if args.tokens is not None and args.tokens < 1:
+        raise ValueError(f"--tokens must be >= 1, got {args.tokens}; leave it out to price "
+                         "the model's maximum length")
     for model in args.models:
         s = kv_size(model, args.dtype)
         text = describe(s, args.tokens)
@@ -215,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     try:
         return run(parser.parse_args(argv))
-    except ValueError as err:  # bad input: say what was wrong, no traceback
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, TypeError, OSError) as err:  # bad input: what was wrong, no traceback
+        print("error: " + " ".join(str(err).split()), file=sys.stderr)
         return 2
 
 

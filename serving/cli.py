@@ -71,20 +71,54 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    model_dir = Path(args.model) if args.model else default_model_dir()
+def _prompts(args: argparse.Namespace) -> list:
+    if args.prompt_ids is not None and args.prompt is not None:
+        raise ValueError("give either --prompt or --prompt-ids, not both")
     if args.prompt_ids is not None:
-        prompts = [{"prompt_token_ids": [int(t) for t in args.prompt_ids.split(",")
-                                         if t.strip()]}]
-    elif args.prompt:
-        prompts = args.prompt
-    else:
+        pieces = [t.strip() for t in args.prompt_ids.split(",") if t.strip()]
+        if not pieces:
+            raise ValueError("--prompt-ids is empty; give comma-separated token ids, e.g. 1,2,3")
+        ids = []
+        for piece in pieces:
+            try:
+                ids.append(int(piece))
+            except ValueError:
+                raise ValueError(f"--prompt-ids must be comma-separated integers, e.g. 1,2,3; "
+                                 f"{piece!r} is not one") from None
+        return [{"prompt_token_ids": ids}]
+    if not args.prompt:
         raise ValueError("give --prompt TEXT (repeatable) or --prompt-ids 1,2,3")
-    llm = LLM(model_dir, dtype=args.dtype, kv_layout=args.kv_layout, block_size=args.block_size,
-              preemption_mode=args.preemption_mode, seed=args.seed)
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
-                            ignore_eos=args.ignore_eos)
+    for i, text in enumerate(args.prompt, 1):
+        if not text:
+            raise ValueError(f"--prompt number {i} is empty; give some text to complete")
+    return args.prompt
+
+
+# The engine's checks name its arguments; at the command line the user typed the flag.
+FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "block_size", "dtype",
+         "kv_layout", "preemption_mode")
+
+
+def _flagged(err: ValueError) -> ValueError:
+    message = str(err)
+    for name in FLAGS:
+        if message.startswith(name + " "):
+            return ValueError("--" + name.replace("_", "-") + message[len(name):])
+    return err
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    model_dir = Path(args.model) if args.model is not None else default_model_dir()
+    prompts = _prompts(args)
+    try:  # the sampling flags first: a typo there should not wait for the model to load
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+                                ignore_eos=args.ignore_eos)
+        llm = LLM(model_dir, dtype=args.dtype, kv_layout=args.kv_layout,
+                  block_size=args.block_size, preemption_mode=args.preemption_mode,
+                  seed=args.seed)
+    except ValueError as err:
+        raise _flagged(err) from err
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -135,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # its "Loading weights" bars would bury the output
     try:
         return args.func(args)
-    except ValueError as err:  # bad input: say what was wrong, no traceback
-        print(f"error: {err}", file=sys.stderr)
+    # A user's mistake (a bad value, a wrong path, a corrupt config.json: json.JSONDecodeError is
+    # a ValueError) is told in one line; anything else is a bug and keeps its traceback.
+    except (ValueError, TypeError, OSError) as err:
+        print("error: " + " ".join(str(err).split()), file=sys.stderr)
         return 2

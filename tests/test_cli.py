@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def run_cli(*args, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pagedllm", *args], capture_output=True,
@@ -43,3 +45,78 @@ def test_kv_size_subcommand_and_console_script():
     res = subprocess.run([script, "kv-size", "llama-3-8b"], capture_output=True, text=True,
                          check=True)
     assert "131,072" in res.stdout
+
+
+def test_user_mistakes_are_one_error_line_not_a_traceback(checkpoints, tmp_path):
+    """The real command, as a user runs it: exit 2, one line on stderr starting with `error:`.
+    The processes run side by side: each spends its ~2 s importing torch."""
+    corrupt = shutil.copytree(checkpoints["llama"], tmp_path / "corrupt")
+    (corrupt / "config.json").write_text('{"model_type": "llama",')
+    model = str(checkpoints["llama"])
+    cases = {
+        "model folder": ["generate", "--model", str(tmp_path / "missing"), "--prompt", "x"],
+        "config.json is not valid JSON": ["generate", "--model", str(corrupt), "--prompt", "x"],
+        "--temperature must be >= 0, got -1.0": ["generate", "--model", model, "--prompt", "x",
+                                                 "--temperature", "-1"],
+        "--tokens must be >= 1, got 0": ["kv-size", "opt-13b", "--tokens", "0"],
+        "--memory-gib must be a finite number": ["kv-size", "opt-13b", "--memory-gib", "inf"],
+    }
+    procs = {expected: subprocess.Popen([sys.executable, "-m", "pagedllm", *argv], text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for expected, argv in cases.items()}
+    for expected, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert proc.returncode == 2 and out == "", (expected, proc.returncode, out, err)
+        assert len(lines) == 1 and lines[0].startswith("error: "), (expected, err)
+        assert expected in lines[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--model", "{model}", "--prompt", "x", "--top-p", "0"],
+     "--top-p must be in (0, 1], got 0.0"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--max-tokens", "0"],
+     "--max-tokens must be >= 1, got 0"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--top-k", "0"], "--top-k must be -1 or"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--seed", "-1"], "--seed must be in [0"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--stop", ""],
+     "--stop must be a non-empty"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--dtype", "int8"],
+     "--dtype 'int8' is not supported"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--block-size", "0"],
+     "--block-size must be >= 1"),
+    (["generate", "--model", "{model}", "--prompt", ""], "--prompt number 1 is empty"),
+    (["generate", "--model", "{model}", "--prompt-ids", "1,two"],
+     "--prompt-ids must be comma-separated integers, e.g. 1,2,3; 'two' is not one"),
+    (["generate", "--model", "{model}", "--prompt-ids", " , "], "--prompt-ids is empty"),
+    (["generate", "--model", "{model}", "--prompt-ids", "1", "--prompt", "x"], "not both"),
+    (["generate", "--model", "{model}"], "give --prompt TEXT"),
+    (["generate", "--model", "{model}/config.json", "--prompt", "x"], "is a file, not a folder"),
+    (["kv-size", "opt-13b", "--tokens", "-5"], "--tokens must be >= 1, got -5"),
+    (["kv-size", "opt-13b", "--memory-gib", "nan"], "--memory-gib must be a finite number"),
+    (["kv-size", "opt-13b", "--memory-gib", "0"], "--memory-gib must be > 0, got 0.0"),
+    (["kv-size", "opt-13b", "--memory-gib", "2e6"], "--memory-gib must be at most 1e+06 GiB"),
+    (["kv-size", "opt-13b", "--memory-gib", "10", "--users", "-3"], "users must be >= 1, got -3"),
+    (["kv-size", "opt-13b", "--memory-gib", "10", "--context", "-1"], "context must be >= 1"),
+    (["kv-size", "opt-13b", "--dtype", "int8"], "dtype torch.int8 is not a floating dtype"),
+    (["kv-size", "gpt-5"], "'gpt-5' is neither a preset nor a folder"),
+])
+def test_bad_flags_in_process(capsys, checkpoints, argv, message):
+    from pagedllm.serving.cli import main
+
+    argv = [a.replace("{model}", str(checkpoints["llama"])) for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
+    assert message in captured.err and captured.out == ""
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    from pagedllm.serving import cli
+
+    def broken(args):
+        raise RuntimeError("an internal bug")
+
+    monkeypatch.setattr(cli.kv_size_cmd, "run", broken)
+    with pytest.raises(RuntimeError, match="an internal bug"):
+        cli.main(["kv-size", "opt-13b"])

@@ -2,24 +2,21 @@
 
 import torch
 
-from pagedllm.reference.engine.llm import LLM
-from pagedllm.reference.engine.sampling_params import SamplingParams
-
 SYSTEM = list(range(100, 137))  # a 37-token "system prompt" shared by every request
 BLOCK = 4
 
 
-def requests(n: int = 6, seed: int = 0):
+def requests(tier, n: int = 6, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     prompts = [{"prompt_token_ids": SYSTEM + torch.randint(0, 257, (int(k),), generator=g)
                 .tolist()} for k in torch.randint(1, 12, (n,), generator=g)]
-    params = [SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=10,
-                             ignore_eos=True) for i in range(n)]
+    params = [tier.SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=10,
+                                  ignore_eos=True) for i in range(n)]
     return prompts, params
 
 
-def run(path, prompts, params, **kw):
-    llm = LLM(path, block_size=BLOCK, **kw)
+def run(tier, path, prompts, params, **kw):
+    llm = tier.LLM(path, block_size=BLOCK, **kw)
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], llm
 
@@ -31,11 +28,11 @@ def consistent(llm) -> None:
     assert llm.stats()["blocks_used"] == 0 and not manager.tables
 
 
-def test_shared_system_prompt_same_tokens_fewer_prefill_tokens(checkpoints):
+def test_shared_system_prompt_same_tokens_fewer_prefill_tokens(tier, checkpoints):
     path = checkpoints["llama3"]
-    prompts, params = requests()
-    off, llm_off = run(path, prompts, params, max_num_seqs=1)  # one at a time: hits are certain
-    on, llm_on = run(path, prompts, params, max_num_seqs=1, enable_prefix_caching=True)
+    prompts, params = requests(tier)
+    off, llm_off = run(tier, path, prompts, params, max_num_seqs=1)  # one at a time: hits certain
+    on, llm_on = run(tier, path, prompts, params, max_num_seqs=1, enable_prefix_caching=True)
     assert on == off
     saved = llm_on.stats()["prefix_cache_hit_tokens"]
     assert saved == 5 * (len(SYSTEM) // BLOCK) * BLOCK  # every request after the first: 9 blocks
@@ -43,11 +40,11 @@ def test_shared_system_prompt_same_tokens_fewer_prefill_tokens(checkpoints):
     consistent(llm_on)
 
 
-def test_a_prompt_found_whole_still_computes_its_last_token(checkpoints):
+def test_a_prompt_found_whole_still_computes_its_last_token(tier, checkpoints):
     path = checkpoints["qwen3"]
     prompt = [{"prompt_token_ids": list(range(1, 1 + 4 * BLOCK))}]  # exactly 4 full blocks
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    llm = LLM(path, block_size=BLOCK, enable_prefix_caching=True)
+    params = tier.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = tier.LLM(path, block_size=BLOCK, enable_prefix_caching=True)
     first = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     second = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert first == second
@@ -55,25 +52,25 @@ def test_a_prompt_found_whole_still_computes_its_last_token(checkpoints):
     consistent(llm)
 
 
-def test_identical_prompts_in_one_step(checkpoints):
+def test_identical_prompts_in_one_step(tier, checkpoints):
     path = checkpoints["llama"]
     prompts = [{"prompt_token_ids": SYSTEM}] * 3
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    on, llm = run(path, prompts, params, enable_prefix_caching=True)
-    off, _ = run(path, prompts, params)
+    params = tier.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    on, llm = run(tier, path, prompts, params, enable_prefix_caching=True)
+    off, _ = run(tier, path, prompts, params)
     assert on == off and on[0] == on[1] == on[2]
     consistent(llm)
 
 
-def test_preempted_requests_meet_their_own_cached_blocks(checkpoints):
+def test_preempted_requests_meet_their_own_cached_blocks(tier, checkpoints):
     path = checkpoints["llama3"]
-    prompts, params = requests(8, seed=1)
-    params = [SamplingParams(temperature=p.temperature, seed=p.seed, max_tokens=30,
-                             ignore_eos=True) for p in params]  # long enough to run out
-    off, _ = run(path, prompts, params)
+    prompts, params = requests(tier, 8, seed=1)
+    params = [tier.SamplingParams(temperature=p.temperature, seed=p.seed, max_tokens=30,
+                                  ignore_eos=True) for p in params]  # long enough to run out
+    off, _ = run(tier, path, prompts, params)
     for mode in ("recompute", "swap"):
-        on, llm = run(path, prompts, params, enable_prefix_caching=True, num_gpu_blocks=24,
-                      preemption_mode=mode, swap_space_blocks=64)
+        on, llm = run(tier, path, prompts, params, enable_prefix_caching=True,
+                      num_gpu_blocks=24, preemption_mode=mode, swap_space_blocks=64)
         stats = llm.stats()
         assert on == off
         assert stats["preemptions_recompute"] + stats["preemptions_swap"] > 0
@@ -81,11 +78,11 @@ def test_preempted_requests_meet_their_own_cached_blocks(checkpoints):
         consistent(llm)
 
 
-def test_evicted_blocks_are_reused_and_forgotten(checkpoints):
+def test_evicted_blocks_are_reused_and_forgotten(tier, checkpoints):
     path = checkpoints["mistral"]
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    params = tier.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     target = [{"prompt_token_ids": SYSTEM}]
-    llm = LLM(path, block_size=BLOCK, num_gpu_blocks=24, enable_prefix_caching=True)
+    llm = tier.LLM(path, block_size=BLOCK, num_gpu_blocks=24, enable_prefix_caching=True)
     before = llm.generate(target, params, use_tqdm=False)[0].outputs[0].token_ids
     cache = llm.engine.kv.manager.prefix_cache
     keys_of_target = set(cache.block_of)
@@ -99,11 +96,11 @@ def test_evicted_blocks_are_reused_and_forgotten(checkpoints):
     consistent(llm)
 
 
-def test_prefix_caching_needs_paged_blocks(checkpoints):
+def test_prefix_caching_needs_paged_blocks(tier, checkpoints):
     import pytest
 
     with pytest.raises(ValueError, match="needs kv_layout='paged'"):
-        LLM(checkpoints["llama"], kv_layout="contiguous", enable_prefix_caching=True)
+        tier.LLM(checkpoints["llama"], kv_layout="contiguous", enable_prefix_caching=True)
 
 
 def test_cached_blocks_in_use_cost_no_free_blocks():

@@ -1,10 +1,10 @@
 """Decode speed with and without a KV cache, measured on the default model (lesson 1's figure).
 
 For each total length (prompt + generated tokens) the script generates greedily with
-``pagedllm.reference.generate``, once with ``cache="contiguous"`` (the prompt once, then one
-token per step) and once with ``cache="none"`` (the whole sequence again at every step). It
-checks that both produce the same tokens and times them. It also times every model call of the
-longest runs, so the figure shows both the cost of one step as the sequence grows and the
+``generate`` (pagedllm.reference.engine.generate), once with ``cache="contiguous"`` (the prompt
+once, then one token per step) and once with ``cache="none"`` (the whole sequence again at every
+step). It checks that both produce the same tokens and times them. It also times every model call
+of the longest runs, so the figure shows both the cost of one step as the sequence grows and the
 resulting throughput.
 
     .venv/bin/python lessons/figures/decode_speed.py            # about a minute on 2 CPU cores

@@ -22,11 +22,13 @@ them all and draws step 1:
   logits_indices picks for sampling (D's last row twice: its prompt feeds both samples);
 - bottom left: block_tables (one row per sequence, zero-padded) and seq_lens;
 - bottom right: the physical pool, each slot coloured by the sequence that holds it: the slots
-  this step writes (slot_mapping) dark with their position, the slots written by step 0 light.
+  this step writes (slot_mapping) dark with their position, the slots written by earlier steps
+  light.
 
-It checks what the lesson says about the inputs (every slot is block_table[p // 4] * 4 + p % 4,
-every sampled row is the last row of its sequence, seq_lens are the last position + 1), and
-that every request's tokens equal its tokens when it runs alone. It writes step_inputs.png and
+It checks that step 1 mixes decodes, a last chunk, a whole prompt and a first chunk, what the
+lesson says about every step's inputs (every slot is block_table[p // 4] * 4 + p % 4, every
+sampled row is the last row of its sequence, seq_lens are the last position + 1), and that every
+request's tokens equal its tokens when it runs alone. It writes step_inputs.png and
 step_inputs.json next to itself.
 
     .venv/bin/python lessons/figures/step_inputs.py     # a few seconds
@@ -53,7 +55,7 @@ REQUESTS = {  # request id -> (prompt length, sampling parameters)
     "D": (3, dict(n=2, temperature=0.8, seed=7)),
     "E": (7, dict(temperature=0)),
 }
-SHOWN_STEP = 1
+SHOWN_STEP = 1  # the step drawn (and checked for a mix of every kind of work)
 COLORS = {"A": "#2b6cb0", "B": "#d97706", "C": "#2f855a", "D": "#b83280", "E": "#6b46c1"}
 LIGHT = {"A": "#bfd4ee", "B": "#f6d7ae", "C": "#bfe0cb", "D": "#ecc3dd", "E": "#d6cbef"}
 
@@ -96,6 +98,7 @@ def capture(engine, sched, inputs) -> dict:
             "rows": [starts[b], starts[b + 1]], "num_tokens": item.num_tokens,
             "prompt_len": len(seq.prompt_token_ids), "computed_before": seq.num_computed_tokens,
             "samples": item.samples, "blocks_held": len(engine.kv.block_table(seq)),
+            "sampled_rows": sum(row.item is item for row in inputs.rows),
         })
     sampling = inputs.sampling
     return {
@@ -107,8 +110,8 @@ def capture(engine, sched, inputs) -> dict:
         "seq_lens": md.seq_lens.tolist(),
         "query_start_loc": md.query_start_loc.tolist(),
         "logits_indices": inputs.logits_indices.tolist(),
-        "logits_rows": [{"request_id": r.item.group.request_id, "sample_index": r.sample_index}
-                        for r in inputs.rows],
+        "sampling_rows": [{"request_id": r.item.group.request_id, "sample_index": r.sample_index}
+                          for r in inputs.rows],
         "sampling": {"temperature": [round(t, 4) for t in sampling.temperature.tolist()],
                      "streams": sampling.streams.tolist(),
                      "positions": sampling.positions.tolist()},
@@ -142,10 +145,11 @@ def alone(model_dir: str) -> dict:
     return out
 
 
+MIX = {"decode", "last chunk", "prefill (whole prompt)", "first chunk"}
+
+
 def check(step: dict) -> None:
-    """What lesson 4 says about the step's inputs."""
-    kinds = {s["kind"] for s in step["sequences"]}
-    assert {"decode", "last chunk", "prefill (whole prompt)", "first chunk"} <= kinds, kinds
+    """What lesson 4 says about a step's inputs."""
     assert len(step["input_ids"]) == len(step["positions"]) == len(step["slot_mapping"])
     assert step["query_start_loc"][-1] == len(step["input_ids"]) <= BUDGET
     picked = []
@@ -159,9 +163,8 @@ def check(step: dict) -> None:
         assert step["positions"][lo:hi] == list(range(s["computed_before"],
                                                       s["computed_before"] + hi - lo))
         assert step["seq_lens"][b] == step["positions"][hi - 1] + 1
-        if s["samples"]:
-            picked += [hi - 1] * sum(r["request_id"] == s["request_id"]
-                                     for r in step["logits_rows"])
+        assert s["samples"] == (s["sampled_rows"] > 0)
+        picked += [hi - 1] * s["sampled_rows"]
     assert step["logits_indices"] == picked
     assert len(step["sampling"]["streams"]) == len(step["logits_indices"])
 
@@ -210,7 +213,7 @@ def draw(step: dict, path: Path) -> None:
                 solid_capstyle="butt")
         what, start = s["kind"], s["computed_before"]
         end = start + s["num_tokens"] - 1
-        samples = sum(r["request_id"] == req for r in step["logits_rows"])
+        samples = s["sampled_rows"]
         if what == "decode":
             detail = f"decode\npos {start}"
         elif what == "prefill (whole prompt)":
@@ -317,7 +320,7 @@ def draw(step: dict, path: Path) -> None:
     rows = -(-n_blocks // per_row)
     ax.text(0, -(rows - 1) * 1.45 - 0.55,
             "dark: written this step, at slot_mapping (numbers: token positions; small: slot "
-            "ids)\nlight: K/V stored by step 0     hatched: allocated, not yet written",
+            "ids)\nlight: K/V stored by earlier steps     hatched: allocated, not yet written",
             ha="left", va="top", fontsize=9.5, color="#444444")
     ax.set_xlim(-0.3, per_row * (BLOCK_SIZE + 0.6))
     ax.set_ylim(-(rows - 1) * 1.45 - 1.5, 1.4)
@@ -338,8 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         result = run(tmp)
         single = alone(tmp)
     assert result["tokens"] == single, "batching changed a request's tokens"
+    kinds = {s["kind"] for s in result["steps"][1]["sequences"]}
+    assert MIX <= kinds, f"step 1 no longer mixes every kind of work: it holds only {kinds}"
+    for step in result["steps"]:
+        check(step)
     step = result["steps"][SHOWN_STEP]
-    check(step)
     out = {"config": {"model": "tiny random-weight llama (tiny_config('llama'), seed 0, "
                                "init_std 0.2)",
                       "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS,

@@ -5,6 +5,7 @@ Face; this module folds the families' different spellings into one flat ``ModelC
 """
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,9 +50,19 @@ class ModelConfig:
         return self.model_type == "opt"
 
 
-def read_model_type(model_dir: str | Path) -> str:
-    """Check the folder holds a config.json of a supported family; return its model_type."""
+def read_config_json(model_dir: str | Path) -> tuple[Path, dict]:
+    """The folder's config.json as a dict, after checking it is a checkpoint of a supported
+    family whose sizes a model can have; returns (path of config.json, its contents)."""
+    if not isinstance(model_dir, str | os.PathLike):
+        raise TypeError(f"model_dir must be a folder path (str or pathlib.Path), got "
+                        f"{model_dir!r} ({type(model_dir).__name__})")
+    if str(model_dir) == "":  # Path("") is the current folder: never what was meant
+        raise ValueError("model folder is an empty string; pass the path of a Hugging Face "
+                         "checkpoint folder (config.json and *.safetensors)")
     model_dir = Path(model_dir)
+    if model_dir.is_file():
+        raise ValueError(f"model folder {str(model_dir)!r} is a file, not a folder; pass the "
+                         "folder that holds config.json and the *.safetensors files")
     if not model_dir.is_dir():
         raise ValueError(f"model folder {str(model_dir)!r} does not exist; pass a folder holding "
                          "a Hugging Face checkpoint (config.json and *.safetensors)")
@@ -59,23 +70,98 @@ def read_model_type(model_dir: str | Path) -> str:
     if not config_file.is_file():
         raise ValueError(f"{str(model_dir)!r} has no config.json; a Hugging Face checkpoint "
                          "folder (as written by save_pretrained) is expected")
-    model_type = json.loads(config_file.read_text()).get("model_type")
+    try:
+        raw = json.loads(config_file.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config_file} is not valid JSON ({err}); it should be the JSON object "
+                         "save_pretrained writes, e.g. {\"model_type\": \"llama\", ...}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_file} holds a JSON {type(raw).__name__}, not an object; it "
+                         "should be the JSON object save_pretrained writes, e.g. "
+                         "{\"model_type\": \"llama\", ...}")
+    model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} in {config_file} is not supported; "
                          f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    return model_type
+    _check_sizes(raw, config_file)
+    return config_file, raw
+
+
+def read_model_type(model_dir: str | Path) -> str:
+    """Check the folder holds a config.json of a supported family; return its model_type."""
+    return read_config_json(model_dir)[1]["model_type"]
+
+
+def _check_sizes(raw: dict, config_file: Path) -> None:
+    """Refuse sizes no model can have, before transformers divides by them: it would fail with a
+    ZeroDivisionError, or build a model with negative dimensions, without naming the file."""
+    opt = raw["model_type"] == "opt"
+    required = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "max_position_embeddings", "ffn_dim" if opt else "intermediate_size"]
+    # null is allowed here: Mistral's configs write "head_dim": null, "sliding_window": null.
+    optional = (["word_embed_proj_dim"] if opt
+                else ["num_key_value_heads", "head_dim", "sliding_window"])
+    for key in required + optional:
+        if key not in raw or (raw[key] is None and key in optional):
+            continue  # absent: transformers supplies the family's default (checked later)
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{config_file}: {key} must be a positive integer (>= 1), got "
+                             f"{value!r}")
+    hidden, heads = raw.get("hidden_size"), raw.get("num_attention_heads")
+    kv_heads = raw.get("num_key_value_heads")
+    # Qwen3 and Mistral may give head_dim != hidden_size / heads; OPT derives it, and
+    # transformers' Llama config insists on the division even when head_dim is given.
+    own_head_dim = raw["model_type"] not in ("opt", "llama")
+    if hidden and heads and not (own_head_dim and raw.get("head_dim")) and hidden % heads:
+        raise ValueError(f"{config_file}: hidden_size {hidden} is not divisible by "
+                         f"num_attention_heads {heads}; each head gets hidden_size / "
+                         f"num_attention_heads dimensions, so num_attention_heads must divide "
+                         f"{hidden}" + (" (or give head_dim)" if own_head_dim else ""))
+    if heads and kv_heads and heads % kv_heads:
+        raise ValueError(f"{config_file}: num_attention_heads {heads} is not divisible by "
+                         f"num_key_value_heads {kv_heads}; every KV head serves an equal group "
+                         f"of query heads, so num_key_value_heads must divide {heads}")
+
+
+def check_model_config(cfg: ModelConfig, source: str | Path = "config.json") -> None:
+    """The same limits on the flattened config, defaults included (a field absent from the
+    file takes transformers' default, which _check_sizes could not see)."""
+    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                "head_dim", "intermediate_size", "max_position_embeddings"):
+        value = getattr(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{source}: {key} must be a positive integer (>= 1), got {value!r}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(f"{source}: {cfg.num_heads} attention heads are not divisible by "
+                         f"{cfg.num_kv_heads} KV heads; the KV head count must divide the "
+                         "attention head count")
+    if not cfg.dtype.is_floating_point:
+        raise ValueError(f"{source}: dtype {cfg.dtype} is not a floating dtype; the reference "
+                         "model computes in float32, float16 or bfloat16")
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:
-    read_model_type(model_dir)
-    return from_hf_config(AutoConfig.from_pretrained(model_dir))
+    config_file, _ = read_config_json(model_dir)
+    try:
+        hf = AutoConfig.from_pretrained(config_file.parent)
+    except Exception as err:  # its own checks of the same file; whatever it refuses is the file's
+        raise ValueError(f"{config_file} was refused by transformers: "
+                         f"{type(err).__name__}: {err}") from err
+    cfg = from_hf_config(hf, source=config_file)
+    check_model_config(cfg, config_file)
+    return cfg
 
 
-def from_hf_config(hf) -> ModelConfig:
+def from_hf_config(hf, source: str | Path = "config.json") -> ModelConfig:
     """Flatten a transformers config object (any supported family) into a ModelConfig."""
     dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+        name = dtype.removeprefix("torch.")
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{source}: dtype {name!r} is not a torch dtype; save_pretrained "
+                             "writes e.g. \"float32\", \"float16\" or \"bfloat16\"")
     if hf.model_type == "opt":
         return ModelConfig(
             model_type="opt", vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
@@ -91,8 +177,8 @@ def from_hf_config(hf) -> ModelConfig:
             layer_norm_elementwise_affine=getattr(hf, "layer_norm_elementwise_affine", True),
         )
     if hf.hidden_act not in ("silu", "swish"):
-        raise ValueError(f"hidden_act {hf.hidden_act!r} is not supported; the Llama family "
-                         "uses 'silu'")
+        raise ValueError(f"{source}: hidden_act {hf.hidden_act!r} is not supported; the Llama "
+                         "family uses 'silu'")
     # transformers >= 5 keeps theta and scaling together in rope_parameters; 4.x splits them.
     rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     theta = rope.pop("rope_theta", getattr(hf, "rope_theta", 10000.0))
