@@ -216,7 +216,7 @@ class LLMEngine:
             groups = [*self.scheduler.running, *self.scheduler.swapped]
         for group in dict.fromkeys(groups):
             if group.request_id not in self.groups:
-                continue  # a beam search's internal call, or already gone
+                continue  # already finished and removed
             self.scheduler.remove(group)
             for seq in group.seqs:
                 if not seq.is_finished:

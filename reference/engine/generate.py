@@ -82,7 +82,7 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
 
     Each step every sequence gets one token, so with a paged layout their blocks interleave in
     the pool: sequence 0's second block lands after sequence 1's first. The tokens must not
-    depend on where the blocks landed. (The engine of a later issue batches these forwards; here
+    depend on where the blocks landed. (The engine batches these forwards into one step; here
     each sequence runs its own forward for clarity.)
 
     kv_layout: "per-sequence" (a ContiguousCache each), "paged" (one block pool, block_size
