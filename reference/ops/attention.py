@@ -108,24 +108,29 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      sliding_window: int | None = None) -> torch.Tensor:
     """One query per sequence, each at position seq_len - 1: q [B, heads, head_dim].
 
-    Gathers every sequence's blocks at once, [B, max_blocks * block_size] slots, and masks
-    the slots past each sequence's length. Returns [B, heads, head_dim].
+    Reads every sequence's keys at once through the slot of each key position, [B, L] slots
+    with L = max_blocks * block_size, and masks the positions past each sequence's length.
+    Returns [B, heads, head_dim].
     """
     B, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    tables = block_tables.long()  # [B, max_blocks]
-    keys = k_cache[tables].flatten(1, 2)  # [B, L, kv_heads, head_dim], L = max_blocks * bs
-    values = v_cache[tables].flatten(1, 2)
-    positions = torch.arange(keys.shape[1], device=q.device)  # [L]
+    positions = torch.arange(block_tables.shape[1] * block_size, device=q.device)  # [L]
     visible = positions[None, :] < seq_lens[:, None]  # [B, L]: slots this sequence filled
     if sliding_window is not None:
         visible &= positions[None, :] > seq_lens[:, None] - 1 - sliding_window
-    values = values.masked_fill(~visible[:, :, None, None], 0.0)  # unread slots stay unread
-    q = q.view(B, num_kv_heads, group, head_dim)  # each K/V head's query group
-    scores = torch.einsum("bkgd,blkd->bkgl", q, keys) * scale  # [B, kv_heads, group, L]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    # The slot of key position p: the block table's entry for p's block, then p's offset in it.
+    slots = block_tables.long()[:, positions // block_size] * block_size + positions % block_size
+    # Positions a sequence never filled read its first slot instead: masked below, and never a
+    # stale value (a NaN there times a zero probability would still be NaN).
+    slots = torch.where(visible, slots, slots[:, :1])  # [B, L]
+    # Per K/V head, the slots' rows: [kv_heads, B, L, head_dim], each row one contiguous read.
+    keys = k_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)[:, slots]
+    values = v_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)[:, slots]
+    q = q.view(B, num_kv_heads, group, head_dim).transpose(0, 1)  # [kv_heads, B, group, hd]
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale  # [kv_heads, B, group, L]
+    scores = scores.masked_fill(~visible[None, :, None, :], float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-    out = torch.einsum("bkgl,blkd->bkgd", probs, values)  # [B, kv_heads, group, head_dim]
-    return out.reshape(B, num_heads, head_dim)
+    out = torch.matmul(probs, values)  # [kv_heads, B, group, head_dim]
+    return out.transpose(0, 1).reshape(B, num_heads, head_dim)
 # --8<-- [end:decode_attention]
