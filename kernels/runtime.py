@@ -14,10 +14,13 @@ modules and set the environment variable does not matter.
 """
 
 import os
+import sys
+from contextlib import contextmanager
 from functools import cache
 
 import torch
 from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 
 def interpreting() -> bool:
@@ -28,6 +31,45 @@ def interpreting() -> bool:
 @cache
 def _interpreted(fn) -> InterpretedFunction:
     return InterpretedFunction(fn)
+
+
+@contextmanager
+def _interpretable_helpers(fn):
+    """While an interpreted kernel runs: every @triton.jit function it may call — triton.language's
+    own (tl.sum, tl.max, tl.cdiv, ...) and the helpers in the kernel's module — swapped for its
+    interpreted twin, then put back.
+
+    When triton was imported without TRITON_INTERPRET those were built for compiling, and an
+    interpreted kernel calling one fails with "Cannot call @triton.jit'd outside of the scope of
+    a kernel". Swapping only for the launch leaves the compiled ones to CUDA launches.
+    """
+    namespaces = [vars(m) for name, m in list(sys.modules.items())
+                  if m is not None and name.startswith("triton.language")]
+    namespaces.append(fn.__globals__)
+    swapped = []
+    for namespace in namespaces:
+        for attr, value in list(namespace.items()):
+            if isinstance(value, JITFunction):
+                swapped.append((namespace, attr, value))
+                namespace[attr] = _interpreted(value.fn)
+    try:
+        yield
+    finally:
+        for namespace, attr, value in swapped:
+            namespace[attr] = value
+
+
+class _InterpretedLaunch:
+    """``runner[grid](...)`` for the interpreter, with the kernel's helpers interpretable."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            with _interpretable_helpers(self.fn):
+                return _interpreted(self.fn)[grid](*args, **kwargs)
+        return launch
 
 
 def kernel_runner(kernel, *tensors: torch.Tensor):
@@ -41,5 +83,5 @@ def kernel_runner(kernel, *tensors: torch.Tensor):
     if on_cuda == {True} and not interpreting():
         return kernel
     if interpreting():
-        return _interpreted(getattr(kernel, "fn", kernel))  # the plain Python function
+        return _InterpretedLaunch(getattr(kernel, "fn", kernel))  # the plain Python function
     return None

@@ -1,0 +1,410 @@
+"""Paged attention in Triton: one kernel for every query shape of an engine step.
+
+What it computes
+----------------
+Exactly what its twin ``pagedllm.reference.ops.paged_attention`` computes. One step of the engine
+hands over a flat batch of query rows, ``q [T, heads, head_dim]``, from B sequences: sequence b
+owns rows ``query_start_loc[b]:query_start_loc[b + 1]``, and these rows are its *last* q_len
+tokens. A decode has one row, a prefill its whole prompt, a chunked prefill one chunk, a prompt
+found in the prefix cache only its uncached tail. With ``seq_len`` tokens in the cache (this
+step's already stored), query row i sits at position ``seq_len - q_len + i`` and attends, causally
+by position, to the keys and values of positions ``0 .. seq_len - 1`` of its sequence (with a
+sliding window w, only to those after ``position - w``). Rows past the last sequence (padding of
+T) come out as 0, like the twin's.
+
+Follow the block table, do not gather
+-------------------------------------
+The cache is a pool of blocks, ``k_cache [num_blocks, block_size, kv_heads, head_dim]``. The twin
+gathers a sequence's blocks into one dense run and attends as usual: a copy of every key and
+value it reads. The kernel instead walks the sequence's row of ``block_tables`` and reads the
+blocks where they lie. Key position p lives in physical block ``block_tables[b, p // block_size]``
+at slot ``p % block_size``, so each program loads a *tile* of TILE_N key positions (a part of a
+block, one block or several, whatever TILE_N and block_size say) by looking up each position's
+block: a handful of extra integer loads per tile, no extra pass over the cache. Positions at or
+past seq_len are masked off before any load, so unwritten slots (stale, or NaN in the tests) and
+the padding entries of the block table are never read.
+
+The online softmax
+------------------
+A program never holds all the scores of a row: it meets the keys one tile at a time and keeps,
+per query row, three running quantities (FlashAttention):
+
+- ``m``, the largest score seen so far;
+- ``l``, the sum of ``exp(score - m)`` over the keys seen so far;
+- ``acc``, the sum of ``exp(score - m) * value`` over the same keys, a head_dim vector.
+
+When a new tile raises the maximum from m to m', every term summed so far was computed against
+the old m and is too large by ``exp(m' - m)``: multiplying l and acc by ``alpha = exp(m - m')``
+rescales them, then the tile's own terms are added. At the end ``acc / l`` is the softmax-weighted
+sum of values, exactly, without a second pass and with memory for one tile. (The kernel works in
+base 2: the scores are scaled by ``scale * log2(e)`` and ``exp2`` replaces ``exp``; the same
+numbers, a cheaper instruction.) A row that has seen no visible key yet has ``m = -inf``; the
+kernel subtracts 0 instead in that case, so nothing turns into ``-inf - -inf = NaN``.
+
+GQA: one program per K/V head and group of queries
+--------------------------------------------------
+With grouped-query attention, ``group = heads // kv_heads`` query heads share one K/V head (one
+K/V head for all of them: multi-query attention). A program owns one K/V head and BLOCK_Q
+consecutive queries of one sequence, and stacks the whole group of each query as rows of one
+matrix: row r is query ``r // group``, head ``kv_head * group + r % group``, BLOCK_M = BLOCK_Q *
+group rows (rounded up to a power of two, the extra rows masked). Each K/V tile is then loaded
+from memory once and used by every head of the group in one matrix product, instead of once per
+query head. This matters most for decodes: one query per sequence, attention a pure stream over
+the cache, so reading K/V once per group divides the bytes by the group size; and the rows of the
+group are what fill the minimum 16-row matrix product.
+
+Which program does what, without asking the host
+------------------------------------------------
+The grid's first axis enumerates query blocks of all sequences together. Sequence b's blocks are
+numbered from ``query_start_loc[b] // BLOCK_Q + b`` on (at most ``ceil(q_len / BLOCK_Q)`` of them
+fit before the next sequence's first one), so a program finds its sequence by a binary search over
+``query_start_loc`` *inside the kernel* (vLLM's unified attention does the same), and the grid
+size ``T // BLOCK_Q + B + 1`` is known from shapes alone: no device-to-host copy of the sequence
+lengths. The programs left over return at once; the last "sequence", rows
+``query_start_loc[B]:T``, is the padding, whose programs write zeros.
+
+Flash-decoding: split the keys when there are too few programs
+----------------------------------------------------------------
+A batch of decodes gives B * kv_heads programs, each streaming one sequence's whole context. With
+few sequences and long contexts that is too few programs to keep every multiprocessor of a GPU
+reading: 8 sequences x 8 K/V heads is 64 programs for 132 SMs, and each one walks 8192 keys alone.
+Flash-decoding splits every sequence's key range into NUM_SPLITS parts handled by different
+programs (the grid's third axis). Each writes its partial (m, l, acc) instead of an output, and a
+second, small kernel combines a row's partials: with M the largest of the m_s,
+``out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s``. The extra cost is writing and reading
+the partials, ``T * heads * splits * (head_dim + 2)`` floats: small next to the K/V of long
+contexts, not worth it for short ones or when the batch already fills the GPU. The heuristic
+(``choose_num_splits``): split only batches of decodes (one query per sequence); aim at about
+four programs per SM; never give a split fewer than 256 keys of the longest context; at most 16
+splits. Tests force either path with ``num_splits=``.
+
+What the launcher needs on the host
+-----------------------------------
+Shapes (T, B, heads, block size, block table width) and, for choosing tile sizes and the split
+count, the longest query and the longest context. The engine passes host copies of ``seq_lens``
+and ``query_start_loc`` (the model's ``AttentionMetadata`` keeps them), so these maxima cost
+nothing. Given device tensors instead, the launcher does not synchronise to read them: it uses
+bounds known from shapes, ``T - B + 1`` for the longest query (every sequence has at least one
+row) and ``block_tables.shape[1] * block_size`` for the longest context. Either way the kernel
+itself reads the device copies; host copies are moved to q's device (one small copy each).
+Correctness never depends on these choices, only speed.
+"""
+
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.kernels.runtime import interpreting, kernel_runner
+from pagedllm.reference.ops import paged_attention as paged_attention_reference
+
+__all__ = ["choose_num_splits", "paged_attention", "paged_attention_reference"]
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+MIN_KEYS_PER_SPLIT = 256  # flash-decoding: a split shorter than this costs more than it gains
+MAX_SPLITS = 16
+PROGRAMS_PER_SM = 4  # enough resident programs per multiprocessor to hide memory latency
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,  # [T, heads, head_dim]: written when NUM_SPLITS == 1
+    part_acc_ptr,  # [T, heads, NUM_SPLITS, HEAD_PAD] fp32: written when NUM_SPLITS > 1
+    part_max_ptr,  # [T, heads, NUM_SPLITS] fp32 (base-2 units)
+    part_sum_ptr,  # [T, heads, NUM_SPLITS] fp32
+    q_ptr,  # [T, heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, kv_heads, head_dim]
+    block_tables_ptr,  # [B, max_blocks]
+    seq_lens_ptr,  # [B]
+    query_start_loc_ptr,  # [B + 1]
+    qk_scale,  # softmax scale * log2(e)
+    num_seqs,  # B
+    num_tokens,  # T
+    window,  # sliding window (used when SLIDING)
+    stride_qt, stride_qh,
+    stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    HEAD_DIM: tl.constexpr,  # head_dim
+    HEAD_PAD: tl.constexpr,  # head_dim rounded up to a power of two
+    BLOCK_SIZE: tl.constexpr,  # cache block size (tokens)
+    GROUP: tl.constexpr,  # query heads per K/V head
+    BLOCK_M: tl.constexpr,  # rows per program: BLOCK_Q queries x GROUP heads, padded
+    BLOCK_Q: tl.constexpr,  # queries per program
+    TILE_N: tl.constexpr,  # keys per tile
+    NUM_SPLITS: tl.constexpr,  # key splits (flash-decoding); 1: single pass
+    SLIDING: tl.constexpr,  # sliding window on
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no tf32 rounding)
+    DOT_F32: tl.constexpr,  # interpreter with bf16: its tl.dot cannot multiply bf16, upcast
+):
+    block_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # -- which sequence, which of its queries ---------------------------------------------------
+    # The segment (a sequence, or the padding after the last one) owning this query block: the
+    # last s with query_start_loc[s] // BLOCK_Q + s <= block_idx, by binary search.
+    lo: tl.int32 = 0
+    hi = num_seqs + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    seg = lo - 1
+    if seg < 0:  # only if query_start_loc[0] > 0, which the engine never produces
+        return
+    is_seq = seg < num_seqs  # seg == num_seqs: the padding rows after the last sequence
+    q_start = tl.load(query_start_loc_ptr + seg)
+    q_end = tl.load(query_start_loc_ptr + seg + 1, mask=is_seq, other=num_tokens)
+    seq_len = tl.load(seq_lens_ptr + seg, mask=is_seq, other=0)  # padding: no keys at all
+    q_len = q_end - q_start
+    q_block = block_idx - (q_start // BLOCK_Q + seg)  # this program's block within its sequence
+    if q_block * BLOCK_Q >= q_len:
+        return  # a left-over program: the grid is an upper bound
+    context_len = seq_len - q_len  # query i sits at position context_len + i
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_block * BLOCK_Q + rows // GROUP  # query within the sequence
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows // GROUP < BLOCK_Q) & (q_idx < q_len)
+    token = (q_start + q_idx).to(tl.int64)  # row of q / out
+    q_pos = context_len + q_idx
+    dims = tl.arange(0, HEAD_PAD)
+    dim_ok = dims < HEAD_DIM
+
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_PAD]
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    # -- the keys this block of queries may see, and this split's share of their tiles ----------
+    last_q = tl.minimum(q_len, (q_block + 1) * BLOCK_Q)  # one past the block's last query
+    kv_hi = tl.minimum(seq_len, context_len + last_q)  # one past the last visible key
+    kv_lo = 0
+    if SLIDING:
+        kv_lo = tl.maximum(context_len + q_block * BLOCK_Q - window + 1, 0)
+    tile_lo = kv_lo // TILE_N
+    tile_hi = tl.cdiv(kv_hi, TILE_N)
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(tile_hi - tile_lo, NUM_SPLITS)
+        tile_lo = tile_lo + split * per_split
+        tile_hi = tl.minimum(tile_hi, tile_lo + per_split)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(score - m)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # running sum of exp2(...) * v
+    table = block_tables_ptr + seg.to(tl.int64) * stride_bt
+    offs_n = tl.arange(0, TILE_N)
+
+    for tile in range(tile_lo, tile_hi):
+        k_pos = tile * TILE_N + offs_n  # key positions of this tile
+        k_ok = k_pos < kv_hi  # never a slot at or past seq_len
+        block = tl.load(table + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+        slot = k_pos % BLOCK_SIZE
+        k = tl.load(k_cache_ptr + block[None, :] * stride_kb + slot[None, :] * stride_ks
+                    + kv_head * stride_kh + dims[:, None],
+                    mask=k_ok[None, :] & dim_ok[:, None], other=0.0)  # [HEAD_PAD, TILE_N]
+        v = tl.load(v_cache_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs
+                    + kv_head * stride_vh + dims[None, :],
+                    mask=k_ok[:, None] & dim_ok[None, :], other=0.0)  # [TILE_N, HEAD_PAD]
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if SLIDING:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
+        alpha = tl.exp2(m_i - m_safe)  # rescales what was summed against the old max
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no key seen (padding rows): acc = 0
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    else:  # a partial: every split writes one, even an empty split (m = -inf, l = 0, acc = 0)
+        part = (token * tl.num_programs(1) * GROUP + head) * NUM_SPLITS + split  # [BLOCK_M]
+        tl.store(part_max_ptr + part, m_i, mask=row_ok)
+        tl.store(part_sum_ptr + part, l_i, mask=row_ok)
+        tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc,
+                 mask=row_ok[:, None])
+
+
+@triton.jit
+def _combine_splits_kernel(
+    out_ptr,  # [T, heads, head_dim]
+    part_acc_ptr,  # [T, heads, NUM_SPLITS, HEAD_PAD]
+    part_max_ptr,  # [T, heads, NUM_SPLITS]
+    part_sum_ptr,  # [T, heads, NUM_SPLITS]
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # NUM_SPLITS rounded up to a power of two
+):
+    """One (token, head) per program: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    split_ok = splits < NUM_SPLITS
+    dims = tl.arange(0, HEAD_PAD)
+    part = (token * tl.num_programs(1) + head) * NUM_SPLITS + splits  # [SPLITS_PAD]
+    m = tl.load(part_max_ptr + part, mask=split_ok, other=float("-inf"))
+    l_s = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :],
+                  mask=split_ok[:, None], other=0.0)  # [SPLITS_PAD, HEAD_PAD]
+    m_max = tl.max(m, axis=0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    weight = tl.exp2(m - m_safe)  # 0 for an empty split
+    total = tl.sum(l_s * weight, axis=0)
+    out = tl.sum(acc * weight[:, None], axis=0)
+    out = out / tl.where(total > 0, total, 1.0)  # no key seen (padding rows): out = 0
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims,
+             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+@cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int,
+                      num_sms: int = 132) -> int:
+    """Flash-decoding's split count: how many programs share one sequence's keys.
+
+    Only batches of decodes split (a prefill brings enough query blocks of its own). Aim at
+    PROGRAMS_PER_SM programs per multiprocessor, but never give a split fewer than
+    MIN_KEYS_PER_SPLIT keys of the longest context, and never more than MAX_SPLITS splits.
+    """
+    if max_query_len > 1 or num_seqs == 0:
+        return 1
+    programs = num_seqs * num_kv_heads
+    wanted = -(-PROGRAMS_PER_SM * num_sms // programs)  # ceil
+    return max(1, min(wanted, max_seq_len // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
+def _choose_tiles(max_query_len: int, group: int, head_pad: int):
+    """(BLOCK_M, TILE_N, num_warps, num_stages) for the batch's longest query.
+
+    Decodes: the rows of one query's head group, at least 16 (the smallest matrix product).
+    Prefills: 128 rows (as many queries as fit, times the group) against tiles of 64 keys, as in
+    the FlashAttention tutorial; in between, 64 rows. The interpreter runs whole tiles as numpy
+    arrays, where fewer, larger tiles are faster, but the same sizes keep the paths it checks the
+    ones the GPU runs.
+    """
+    rows = max(16, triton.next_power_of_2(group))
+    want = max_query_len * group
+    if want > 64:
+        rows = max(rows, 128)
+    elif want > 16:
+        rows = max(rows, 64)
+    tile_n = 64 if head_pad <= 128 else 32
+    if rows >= 128:
+        return rows, tile_n, 8, 3
+    return rows, tile_n, 4, 3
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float,
+                    sliding_window: int | None = None, *, num_splits: int | None = None,
+                    block_m: int | None = None, tile_n: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin's op, ``paged_attention_reference``, by one Triton kernel (two when split).
+
+    q [T, heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim];
+    block_tables [B, max_blocks] int32; seq_lens [B]; query_start_loc [B + 1] with
+    query_start_loc[0] == 0; seq_lens and query_start_loc on the host or on q's device.
+    Returns [T, heads, head_dim] in q's dtype; rows past query_start_loc[B] are 0.
+
+    Keyword-only, for tests and benchmarks (None: the heuristics choose): ``num_splits`` key
+    splits (1: single pass; > 1: flash-decoding with its combine kernel, any batch); ``block_m``
+    rows per program (a power of two >= 16 and >= the group size); ``tile_n`` keys per tile (a
+    power of two >= 16); ``out`` a [T, heads, head_dim] tensor to write into (every row of it is
+    written) and return.
+    """
+    T, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = block_tables.shape[0]
+    # Maxima for the heuristics: exact from host copies, else bounds from shapes (no sync).
+    if not seq_lens.is_cuda and not query_start_loc.is_cuda and num_seqs > 0:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        max_seq_len = int(seq_lens.max())
+    else:
+        max_query_len = max(T - num_seqs + 1, 1)
+        max_seq_len = block_tables.shape[1] * block_size
+    seq_lens = seq_lens.to(q.device)  # no-ops when already there
+    query_start_loc = query_start_loc.to(q.device)
+    runner = kernel_runner(_paged_attention_kernel, q, k_cache, v_cache, block_tables, seq_lens,
+                           query_start_loc)
+    if runner is None:  # CPU without the interpreter: the twin
+        result = paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens,
+                                           query_start_loc, scale, sliding_window)
+        return result if out is None else out.copy_(result)
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not split into {num_kv_heads} groups")
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)  # every row is written: no memset
+    if T == 0:
+        return out
+    # The kernel indexes the last dimension (head_dim) with stride 1.
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    block_tables = block_tables.contiguous()  # no-op when already contiguous
+    seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
+    head_pad = max(16, triton.next_power_of_2(head_dim))
+    rows, tile, num_warps, num_stages = _choose_tiles(max_query_len, group, head_pad)
+    rows = block_m or rows
+    tile = tile_n or tile
+    if rows < 16 or rows & (rows - 1) or rows < group:
+        raise ValueError(f"block_m={rows}: a power of two >= 16 and >= the group size {group}")
+    block_q = rows // group
+    if num_splits is None:
+        sms = _num_sms(q.device.index or 0) if q.is_cuda else 132
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_query_len, max_seq_len, sms)
+
+    if num_splits > 1:
+        part_acc = torch.empty(T, num_heads, num_splits, head_pad, device=q.device,
+                               dtype=torch.float32)
+        part_max = torch.empty(T, num_heads, num_splits, device=q.device, dtype=torch.float32)
+        part_sum = torch.empty_like(part_max)
+    else:
+        part_acc = part_max = part_sum = out  # unused
+    grid = (T // block_q + num_seqs + 1, num_kv_heads, num_splits)
+    runner[grid](
+        out, part_acc, part_max, part_sum, q, k_cache, v_cache, block_tables, seq_lens,
+        query_start_loc, scale * LOG2E, num_seqs, T, sliding_window or 0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, GROUP=group,
+        BLOCK_M=rows, BLOCK_Q=block_q, TILE_N=tile, NUM_SPLITS=num_splits,
+        SLIDING=sliding_window is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_F32=q.dtype == torch.bfloat16 and interpreting(),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        combine = kernel_runner(_combine_splits_kernel, out, part_acc)
+        combine[(T, num_heads)](
+            out, part_acc, part_max, part_sum, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, HEAD_PAD=head_pad, NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out

@@ -1,0 +1,1 @@
+"""Triton kernels against their torch twins, on the CPU through the interpreter."""
