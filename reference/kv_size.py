@@ -74,6 +74,7 @@ PRESETS = {  # name: (layers, kv_heads, head_dim, max_len)
     "qwen2.5-7b": (28, 4, 128, 32768),
     "qwen3-0.6b": (28, 8, 128, 40960),
     "qwen3-8b": (36, 8, 128, 40960),
+    "smollm2-135m-instruct": (30, 3, 64, 8192),  # the real model pagedllm runs (registry.py)
 }
 
 

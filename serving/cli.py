@@ -2,6 +2,8 @@
 
     pagedllm demo                                  # the tiny model: engine, cache vs none
     pagedllm generate --prompt "The for statement" # completions (tiny model or --model DIR)
+    pagedllm chat                                  # talk to SmolLM2-135M-Instruct
+    pagedllm generate --model smollm2-135m-instruct --chat "What is a KV cache?"
     pagedllm kv-size opt-13b llama-3-8b --tokens 2048
 """
 
@@ -9,12 +11,12 @@ import argparse
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import torch
 
 from pagedllm.reference import generate
 from pagedllm.reference import kv_size as kv_size_cmd
+from pagedllm.reference.engine.chat import chat_prompt, chat_template_of
 from pagedllm.reference.engine.engine import KV_LAYOUTS
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
@@ -22,6 +24,7 @@ from pagedllm.reference.engine.sampling_params import SamplingParams
 from .default_model import default_model_dir
 
 DEMO_PROMPTS = ["The for statement is used to", "Return a list of the", "This module provides"]
+CHAT_MODEL = "smollm2-135m-instruct"  # the real chat model (reference/model/registry.py)
 
 
 def timed_generate(model, prompt_ids, max_tokens: int, cache: str, **kw) -> tuple[list[int], float]:
@@ -68,6 +71,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  one at a time, without KV cache:   {n_tokens / seconds['none']:8.1f} tokens/s "
           "(every step recomputes the prefix)")
     print(f"  speed-up of the KV cache:          {seconds['none'] / seconds['contiguous']:8.1f}x")
+    print(f"\nA real chat model (SmolLM2-135M-Instruct, installed from the package registry and "
+          f"converted once):\n  pagedllm chat --model {CHAT_MODEL}")
     return 0
 
 
@@ -108,8 +113,10 @@ def _flagged(err: ValueError) -> ValueError:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    model_dir = Path(args.model) if args.model is not None else default_model_dir()
-    prompts = _prompts(args)
+    model_dir = args.model if args.model is not None else default_model_dir()
+    if args.chat is not None and (args.prompt or args.prompt_ids):
+        raise ValueError("give either --chat TEXT or --prompt/--prompt-ids, not both")
+    prompts = None if args.chat is not None else _prompts(args)
     try:  # the sampling flags first: a typo there should not wait for the model to load
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
@@ -119,6 +126,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   seed=args.seed)
     except ValueError as err:
         raise _flagged(err) from err
+    if args.chat is not None:  # one user message through the checkpoint's chat template
+        if not args.chat.strip():
+            raise ValueError("--chat is empty; give a question or an instruction")
+        prompts = [chat_prompt(llm.tokenizer, [{"role": "user", "content": args.chat}])]
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -131,6 +142,57 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def stream(llm: LLM, prompt: dict, params: SamplingParams):
+    """Yield the text of one request as the engine produces it, step by step."""
+    request_id = f"chat-{time.monotonic_ns()}"
+    llm.engine.add_request(request_id, prompt, params)
+    shown = 0
+    try:
+        while llm.engine.has_unfinished_requests():
+            for out in llm.engine.step():
+                if out.request_id == request_id:
+                    text = out.outputs[0].text
+                    yield text[shown:]
+                    shown = len(text)
+    finally:  # Ctrl-C mid-answer: the request leaves the engine, its blocks freed
+        if request_id in llm.engine.groups:
+            llm.engine.abort_request(request_id)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """A conversation on the terminal: each line typed is a user message; the answer streams
+    back as the engine produces it; the conversation so far is the next prompt."""
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                max_tokens=args.max_tokens)
+        llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=True)
+    except ValueError as err:
+        raise _flagged(err) from err
+    chat_template_of(llm.tokenizer)  # a model without one is refused before the first line
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"Chatting with {args.model} (Ctrl-D or /exit to leave).", file=sys.stderr)
+    while True:
+        if interactive:
+            print("> ", end="", flush=True, file=sys.stderr)
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.strip()})
+        answer = ""
+        try:
+            for piece in stream(llm, chat_prompt(llm.tokenizer, messages), params):
+                print(piece, end="", flush=True)
+                answer += piece
+        except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
+            print(" [stopped]", end="")
+        print()
+        messages.append({"role": "assistant", "content": answer})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     gen = sub.add_parser("generate", help="complete prompts with the engine")
-    gen.add_argument("--model", help="Hugging Face checkpoint folder (default: the tiny model)")
+    gen.add_argument("--model", help="a checkpoint folder, a .gguf file or a model name such as "
+                     f"{CHAT_MODEL} (default: the tiny model)")
     gen.add_argument("--prompt", action="append", help="text (repeat for a batch)")
     gen.add_argument("--prompt-ids", help="comma-separated token ids, instead of --prompt")
+    gen.add_argument("--chat", help="one user message, through the model's chat template")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-k", type=int, default=-1)
@@ -155,6 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="talk to a chat model, answers streamed as generated")
+    chat.add_argument("--model", default=CHAT_MODEL,
+                      help=f"a model name, folder or .gguf file with a chat template (default: "
+                           f"{CHAT_MODEL}, installed and converted on first use)")
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    chat.add_argument("--top-p", type=float, default=1.0)
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--dtype", default="float32")
+    chat.set_defaults(func=cmd_chat)
 
     kv = sub.add_parser("kv-size", help="KV-cache bytes per token for a model or preset")
     kv_size_cmd.add_arguments(kv)

@@ -139,7 +139,11 @@ class LLMEngine:
         if isinstance(prompt, dict):
             if "prompt_token_ids" not in prompt:
                 raise ValueError("a dict prompt needs 'prompt_token_ids'")
-            return None, check_prompt(prompt["prompt_token_ids"], vocab)
+            text = prompt.get("prompt")  # optional: the text the ids came from
+            if text is not None and not isinstance(text, str):
+                raise TypeError(f"a dict prompt's 'prompt' must be text, got "
+                                f"{type(text).__name__}")
+            return text, check_prompt(prompt["prompt_token_ids"], vocab)
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty; give at least one token")

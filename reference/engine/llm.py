@@ -6,9 +6,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..kv_size import kv_size
-from ..model import load_config, load_model
+from ..model import load_config, load_model, resolve_model
 from ..ops import REFERENCE_BACKEND, Backend
 from .beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from .chat import chat_prompt
 from .engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -29,9 +30,10 @@ class LLM:
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, seed: int = 0,
                  backend: Backend = REFERENCE_BACKEND):
-        cfg = load_config(model)
         if dtype not in FLOAT_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; choose one of {FLOAT_DTYPES}")
+        model = resolve_model(model, dtype)  # a name or a GGUF file -> a checkpoint folder
+        cfg = load_config(model)
         check_int("block_size", block_size, low=1)
         check_int("swap_space_blocks", swap_space_blocks, low=0)
         if max_model_len is None:
@@ -76,6 +78,17 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         return self._run(prompts, params, "generate", use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | list | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Answer a conversation, [{"role": "user", "content": "..."}, ...], or a list of
+        conversations, through the checkpoint's chat template (vLLM's LLM.chat)."""
+        conversations = messages if messages and isinstance(messages, list | tuple) and all(
+            isinstance(m, list | tuple) for m in messages) else [messages]
+        prompts = [chat_prompt(self.tokenizer, c, chat_template, add_generation_prompt)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def beam_search(self, prompts, params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:

@@ -8,6 +8,8 @@ from .attention import AttentionMetadata, PagedAttention
 from .cache import ContiguousCache, NoCache
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, load_config
 from .loader import build_model, load_model
+from .registry import MODELS, resolve_model
 
 __all__ = ["AttentionMetadata", "ContiguousCache", "ModelConfig", "NoCache", "PagedAttention",
-           "SUPPORTED_MODEL_TYPES", "build_model", "load_config", "load_model"]
+           "MODELS", "SUPPORTED_MODEL_TYPES", "build_model", "load_config", "load_model",
+           "resolve_model"]

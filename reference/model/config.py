@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
+from .registry import resolve_model
+
 # model_type in config.json -> the family of decoder the reference tier builds for it.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt")
 
@@ -142,7 +144,8 @@ def check_model_config(cfg: ModelConfig, source: str | Path = "config.json") -> 
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:
-    config_file, _ = read_config_json(model_dir)
+    """The config of a checkpoint folder (or of a model name or GGUF file: see registry.py)."""
+    config_file, _ = read_config_json(resolve_model(model_dir))
     try:
         hf = AutoConfig.from_pretrained(config_file.parent)
     except Exception as err:  # its own checks of the same file; whatever it refuses is the file's

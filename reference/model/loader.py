@@ -14,6 +14,7 @@ from torch import nn
 from .config import ModelConfig, load_config
 from .llama import LlamaForCausalLM
 from .opt import OPTForCausalLM
+from .registry import resolve_model
 from .weights import load_state_dict_and_sources
 
 ARCHITECTURES = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM,
@@ -107,9 +108,11 @@ def _parse_device(device: str | torch.device) -> torch.device:
 
 def load_model(model_dir: str | Path, dtype: torch.dtype | str | None = None,
                device: str | torch.device = "cpu") -> nn.Module:
-    """The reference model for a checkpoint folder; weights cast to dtype (default: as saved)."""
+    """The reference model for a checkpoint folder (or a model name, or a GGUF file: see
+    registry.py); weights cast to dtype (default: as saved)."""
     dtype = parse_dtype(dtype)  # before any file is read: a typo should fail at once
     device = _parse_device(device)
+    model_dir = resolve_model(model_dir, dtype)
     cfg = load_config(model_dir)
     dtype = dtype or cfg.dtype
     state, sources = load_state_dict_and_sources(model_dir)

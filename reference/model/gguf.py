@@ -1,0 +1,112 @@
+"""GGUF files (llama.cpp's format) turned into ordinary Hugging Face checkpoint folders.
+
+A GGUF file holds everything a model needs in one file: the architecture's hyper-parameters, the
+tokenizer (vocabulary, merges, special tokens, chat template) and the tensors, most of them
+quantized in blocks (Q4_1: 32 weights share one fp16 scale and one fp16 minimum, 4 bits each).
+The reference model computes in float32/16/bf16, so a GGUF checkpoint is dequantized once and
+written as a normal folder (config.json, model.safetensors, tokenizer files) that every loader
+of this project reads as it reads any other checkpoint.
+
+The reading and dequantizing are the `gguf` package's (ggml's own Python reader). The metadata
+and the mapping of GGUF tensor names to Hugging Face's (``blk.3.attn_q.weight`` →
+``model.layers.3.self_attn.q_proj.weight``, with llama.cpp's reordering of the q/k rows undone)
+are transformers' GGUF support, used as it is rather than re-derived here.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+# The tensor types this converter accepts: float, and the classic block-quantized formats.
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SOURCE_FILE = "converted-from.json"  # what a converted folder was made from
+
+
+def find_gguf(path: str | Path) -> Path | None:
+    """The GGUF file that path names (a .gguf file, or a folder holding exactly one and no
+    config.json), or None when path is something else."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ValueError(f"{path} holds {len(found)} GGUF files "
+                             f"({', '.join(f.name for f in found)}); name one of them")
+        return found[0] if found else None
+    return None
+
+
+def _reader(gguf_file: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(gguf_file)
+    except Exception as err:  # its own parser's errors: a truncated or foreign file
+        raise ValueError(f"{gguf_file} is not a readable GGUF file ({type(err).__name__}: "
+                         f"{err}); it may be truncated: download or reinstall it") from err
+
+
+def check_tensor_types(gguf_file: Path) -> None:
+    """Refuse, naming the tensor and its type, a file holding a type outside the supported
+    list (the k-quants and i-quants of newer llama.cpp files, for instance)."""
+    for tensor in _reader(gguf_file).tensors:
+        if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+            raise ValueError(f"{gguf_file}: tensor {tensor.name!r} has type "
+                             f"{tensor.tensor_type.name}, which this converter does not "
+                             f"dequantize; supported types: {', '.join(SUPPORTED_TENSOR_TYPES)}")
+
+
+def convert_gguf(gguf_file: str | Path, out_dir: str | Path,
+                 dtype: torch.dtype = torch.float32) -> Path:
+    """Dequantize gguf_file into the Hugging Face folder out_dir: config.json,
+    model.safetensors in dtype, the tokenizer with its chat template. Returns out_dir.
+
+    Written to a temporary folder first and renamed at the end, so an interrupted conversion
+    never leaves a folder that looks complete.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    gguf_file, out_dir = Path(gguf_file), Path(out_dir)
+    check_tensor_types(gguf_file)
+    try:
+        config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        with torch.device("meta"):  # only for its parameter names: no memory, no init
+            skeleton = AutoModelForCausalLM.from_config(config)
+        tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True,
+                                       model_to_load=skeleton)["tensors"]
+    except ValueError:
+        raise
+    except Exception as err:  # transformers' refusals: an architecture it cannot map, ...
+        raise ValueError(f"{gguf_file} could not be converted by transformers' GGUF support "
+                         f"({type(err).__name__}: {err})") from err
+    config.dtype = dtype
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted conversion left
+    tmp.mkdir(parents=True)
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    save_file({name: t.to(dtype).contiguous() for name, t in tensors.items()},
+              tmp / "model.safetensors", metadata={"format": "pt"})
+    stat = gguf_file.stat()
+    (tmp / SOURCE_FILE).write_text(json.dumps(
+        {"gguf": str(gguf_file), "size": stat.st_size, "dtype": str(dtype).removeprefix(
+            "torch.")}, indent=1))
+    if out_dir.exists():  # a stale conversion of another file: replace it whole
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def is_converted_from(folder: Path, gguf_file: Path) -> bool:
+    """True when folder is a finished conversion of this very file (same path and size)."""
+    try:
+        source = json.loads((folder / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return source.get("gguf") == str(gguf_file) and source.get("size") == gguf_file.stat().st_size
