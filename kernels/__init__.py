@@ -1,24 +1,8 @@
-"""Triton kernels, one file per op, each beside its torch twin in ``reference/ops``.
+"""Triton kernels, one file per op, each beside its torch twin in ``reference/ops``; ``backend.py``
+bundles them as ``TRITON_BACKEND``.
 
-Every launcher has its twin's signature, so the kernels plug into a model as one ``Backend``:
-``TRITON_BACKEND`` runs each op as a Triton kernel on CUDA tensors, under Triton's interpreter
-on CPU tensors when ``TRITON_INTERPRET=1``, and as the twin otherwise (``runtime.py``). Swapping
-blocks between the GPU and CPU pools is a copy, not a kernel: it stays the twin's.
+This file imports nothing on purpose. Run from the repository root, ``kernels/`` is also
+importable as a top-level ``kernels``, the name of a Hugging Face package that transformers
+probes for (and imports) when it loads a model: importing triton here would make every
+transformers import from the repository root pay for it, or fail where triton is absent.
 """
-
-from pagedllm.reference.ops import Backend, swap_blocks
-
-from .copy_blocks import copy_blocks
-from .paged_attention import paged_attention
-from .rms_norm import rms_norm
-from .rotary import rotary
-from .sampling import sample
-from .silu_and_mul import silu_and_mul
-from .store_kv import store_kv
-
-TRITON_BACKEND = Backend(store_kv=store_kv, paged_attention=paged_attention,
-                         copy_blocks=copy_blocks, swap_blocks=swap_blocks, rms_norm=rms_norm,
-                         rotary=rotary, silu_and_mul=silu_and_mul, sample=sample)
-
-__all__ = ["TRITON_BACKEND", "copy_blocks", "paged_attention", "rms_norm", "rotary", "sample",
-           "silu_and_mul", "store_kv"]

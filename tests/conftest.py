@@ -16,7 +16,13 @@ INIT_STD = 0.2
 
 # The engine-level tests run once per tier through the `tier` fixture: every tier exports the same
 # public API (LLM, LLMEngine, SamplingParams, BeamSearchParams) and must give the same results.
-TIERS = ["reference"]  # issue 13 adds "optimized"
+TIERS = ["reference", "optimized"]
+
+
+def baseline_refusal(tier, message: str) -> str:
+    """The error a tier gives to a contiguous-slab or static-batching configuration: the
+    reference tier checks it (its own message); the optimized tier refuses the baselines."""
+    return message if tier.__name__ == "pagedllm.reference" else "the reference tier's"
 
 
 @pytest.fixture(scope="module", params=TIERS, ids=TIERS)

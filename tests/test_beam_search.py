@@ -4,6 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from .conftest import baseline_refusal
+
 
 @pytest.mark.parametrize("family", ["llama3", "opt", "qwen2"])
 @pytest.mark.parametrize("width", [1, 3])
@@ -56,7 +58,7 @@ def test_bad_beam_requests(tier, checkpoints):
     ok = llm.beam_search({"prompt_token_ids": [1, 2, 3]},
                          tier.BeamSearchParams(beam_width=2, max_tokens=5, ignore_eos=True))[0]
     assert len(ok.sequences) == 2
-    with pytest.raises(ValueError, match="needs kv_layout='paged'"):
+    with pytest.raises(ValueError, match=baseline_refusal(tier, "needs kv_layout='paged'")):
         tier.LLM(checkpoints["llama"], kv_layout="contiguous").beam_search(
             {"prompt_token_ids": [1]}, tier.BeamSearchParams(beam_width=2, max_tokens=2))
 

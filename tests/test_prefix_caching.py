@@ -2,6 +2,8 @@
 
 import torch
 
+from .conftest import baseline_refusal
+
 SYSTEM = list(range(100, 137))  # a 37-token "system prompt" shared by every request
 BLOCK = 4
 
@@ -99,7 +101,7 @@ def test_evicted_blocks_are_reused_and_forgotten(tier, checkpoints):
 def test_prefix_caching_needs_paged_blocks(tier, checkpoints):
     import pytest
 
-    with pytest.raises(ValueError, match="needs kv_layout='paged'"):
+    with pytest.raises(ValueError, match=baseline_refusal(tier, "needs kv_layout='paged'")):
         tier.LLM(checkpoints["llama"], kv_layout="contiguous", enable_prefix_caching=True)
 
 

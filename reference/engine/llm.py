@@ -21,6 +21,14 @@ DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # bytes, when neither num_gpu_blocks nor 
 
 
 class LLM:
+    """Generate for a list of prompts; the engine steps underneath.
+
+    A faster tier subclasses this and names its engine in ``engine_class``: the checks, the
+    KV sizing, the tokenizer and the request loop below are the same for every tier.
+    """
+
+    engine_class = LLMEngine
+
     def __init__(self, model: str | Path, dtype: str = "float32", device: str = "cpu",
                  block_size: int = 16, num_gpu_blocks: int | None = None,
                  kv_cache_memory: int | None = None, swap_space_blocks: int = 0,
@@ -59,14 +67,18 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, preemption_mode=preemption_mode,
             enable_chunked_prefill=enable_chunked_prefill, batching=batching)
-        self.engine = LLMEngine(load_model(model, dtype=dtype, device=device), self.tokenizer,
-                                block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                swap_space_blocks=swap_space_blocks, kv_layout=kv_layout,
-                                reservation_policy=reservation_policy,
-                                scheduler_config=scheduler_config,
-                                enable_prefix_caching=enable_prefix_caching, seed=seed,
-                                backend=backend)
+        self.engine = self.engine_class(
+            load_model(model, dtype=dtype, device=device), self.tokenizer,
+            block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+            swap_space_blocks=swap_space_blocks, kv_layout=kv_layout,
+            reservation_policy=reservation_policy, scheduler_config=scheduler_config,
+            enable_prefix_caching=enable_prefix_caching, seed=seed, backend=backend,
+            **self.engine_options())
         self._request_counter = 0
+
+    def engine_options(self) -> dict:
+        """Keyword arguments a tier's engine takes beyond the reference's (none here)."""
+        return {}
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

@@ -8,7 +8,7 @@ feed attention its odd shapes (chunks, prefix-cache hits).
 
 import pytest
 
-from pagedllm.kernels import TRITON_BACKEND
+from pagedllm.kernels.backend import TRITON_BACKEND
 from pagedllm.reference import LLM, SamplingParams
 
 from ..conftest import FAMILIES

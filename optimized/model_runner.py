@@ -1,0 +1,143 @@
+"""The model runner: a step's inputs in persistent buffers, the forward, CUDA graphs for decodes.
+
+The reference builds every step's tensors afresh and hands them to the model. Here the step's
+metadata is copied into buffers allocated once, at the largest size the scheduler allows
+(max_num_batched_tokens rows, max_num_seqs sequences, max_model_len / block_size blocks each),
+and the model reads views of them. Nothing about the step's content changes: the inputs are the
+reference's ``prepare_inputs`` output, copied.
+
+Fixed addresses are what CUDA graphs need. A decode step launches a few kernels per layer, each
+doing microseconds of work after a few microseconds of CPU-side launch cost; on a small model the
+GPU waits for the CPU. A CUDA graph records the whole forward once per batch size and replays it
+with one launch. A decode batch of B sequences is padded to the next captured size: the padding
+rows write their K/V nowhere (slot -1), attend over one slot of block 0, and are never sampled.
+"""
+
+import torch
+
+from pagedllm.reference.model import AttentionMetadata, PagedAttention
+from pagedllm.reference.engine.step_inputs import StepInputs
+
+# Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+class DeviceAttention(PagedAttention):
+    """The engine's attention context, handing the kernels device-side lengths and offsets.
+
+    The reference passes host copies (its loop needs Python ints). On CUDA the kernel needs only
+    device tensors and finds its bounds from shapes, so passing them avoids a host-to-device
+    copy per layer and lets the forward be captured in a CUDA graph.
+    """
+
+    def attend(self, layer, q, k, v, positions, scale, sliding_window=None):
+        md, ops = self.metadata, self.backend
+        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
+        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        return ops.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens,
+                                   md.query_start_loc, scale, sliding_window)
+
+
+class ModelRunner:
+    def __init__(self, model, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                 backend, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, block_size: int, enforce_eager: bool = False):
+        self.model, self.k_caches, self.v_caches, self.backend = model, k_caches, v_caches, backend
+        self.device = next(model.parameters()).device
+        self.max_blocks = -(-max_model_len // block_size)
+        tokens = max(max_num_batched_tokens, max_num_seqs)
+
+        def buffer(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+
+        self.input_ids, self.positions = buffer(tokens), buffer(tokens)  # [T_max]
+        self.slot_mapping = buffer(tokens)  # [T_max]
+        self.block_tables = buffer(max_num_seqs, self.max_blocks, dtype=torch.int32)
+        self.seq_lens = buffer(max_num_seqs, dtype=torch.int32)  # [B_max]
+        self.query_start_loc = buffer(max_num_seqs + 1, dtype=torch.int32)  # [B_max + 1]
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
+
+    # -- copying a step into the buffers --------------------------------------------------------
+    def _load(self, inputs: StepInputs, num_tokens: int, num_seqs: int) -> None:
+        """Copy the step into the buffers' first rows; pad rows up to num_tokens / num_seqs."""
+        md = inputs.attn_metadata
+        T, B = inputs.input_ids.shape[0], md.seq_lens.shape[0]
+        width = md.block_tables.shape[1]
+        self.input_ids[:T].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:T].copy_(inputs.positions, non_blocking=True)
+        self.slot_mapping[:T].copy_(md.slot_mapping, non_blocking=True)
+        self.block_tables[:B, :width].copy_(md.block_tables, non_blocking=True)
+        self.seq_lens[:B].copy_(md.seq_lens, non_blocking=True)
+        self.query_start_loc[:B + 1].copy_(md.query_start_loc, non_blocking=True)
+        if num_tokens > T:  # padding rows: token 0 at position 0, stored nowhere
+            self.input_ids[T:num_tokens] = 0
+            self.positions[T:num_tokens] = 0
+            self.slot_mapping[T:num_tokens] = -1
+        if num_seqs > B:  # padding sequences: one query row each, reading one slot of block 0
+            self.block_tables[B:num_seqs] = 0
+            self.seq_lens[B:num_seqs] = 1
+            self.query_start_loc[B + 1:num_seqs + 1] = torch.arange(
+                T + 1, T + 1 + num_seqs - B, device=self.device, dtype=torch.int32)
+
+    def _metadata(self, inputs: StepInputs | None, num_tokens: int, num_seqs: int,
+                  width: int) -> AttentionMetadata:
+        host = inputs.attn_metadata if inputs is not None else None
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:num_tokens],
+            block_tables=self.block_tables[:num_seqs, :width],
+            seq_lens=self.seq_lens[:num_seqs],
+            query_start_loc=self.query_start_loc[:num_seqs + 1],
+            seq_lens_cpu=host.seq_lens_cpu if host else None,
+            query_start_loc_cpu=host.query_start_loc_cpu if host else None)
+
+    def _context(self, md: AttentionMetadata) -> PagedAttention:
+        if self.device.type == "cuda":
+            return DeviceAttention(md, self.k_caches, self.v_caches, self.backend)
+        return PagedAttention(md, self.k_caches, self.v_caches, self.backend)
+
+    # -- the forward ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """logits [S, vocab] for the step's logits_indices rows."""
+        T, B = inputs.input_ids.shape[0], inputs.attn_metadata.seq_lens.shape[0]
+        if self.use_graphs and T == B and B <= max(self.graph_sizes, default=0):
+            return self._replay(inputs, T)
+        self._load(inputs, T, B)
+        md = self._metadata(inputs, T, B, inputs.attn_metadata.block_tables.shape[1])
+        return self.model(self.input_ids[:T], self.positions[:T], self._context(md),
+                          logits_indices=inputs.logits_indices)  # [S, vocab]
+
+    def _replay(self, inputs: StepInputs, batch: int) -> torch.Tensor:
+        """A decode step (one row per sequence) through the graph of the next captured size."""
+        size = next(b for b in self.graph_sizes if b >= batch)
+        self._load(inputs, size, size)
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size)
+        graph, logits = self.graphs[size]
+        graph.replay()
+        return logits[inputs.logits_indices]  # [S, vocab]; padding rows never sampled
+
+    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Record the forward of `size` decode rows over the buffers (whole block tables)."""
+        md = self._metadata(None, size, size, self.max_blocks)
+        ctx = self._context(md)
+
+        def forward():
+            return self.model(self.input_ids[:size], self.positions[:size], ctx)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
+            forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool()):
+            logits = forward()  # [size, vocab], rewritten in place by every replay
+        return graph, logits
+
+    def _pool(self):
+        if not hasattr(self, "_graph_pool"):
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return self._graph_pool
