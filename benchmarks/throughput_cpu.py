@@ -60,6 +60,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pagedllm.optimized import LLM as OptimizedLLM
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.model.config import load_config
@@ -93,8 +94,10 @@ PAPER_MAX_LEN = 2048  # OPT-13B's context, the paper's clip
 BLOCK_SIZE = 16
 SEED = 0
 
-SYSTEMS = ("paged_continuous", "contiguous_static", "hf_generate", "hf_generate_batch")
+SYSTEMS = ("optimized", "paged_continuous", "contiguous_static", "hf_generate",
+           "hf_generate_batch")
 LABELS = {
+    "optimized": "ours, optimized tier: paged + continuous",
     "paged_continuous": "ours: paged + continuous",
     "contiguous_static": "ours: contiguous + static",
     "hf_generate": "transformers generate (static, padded)",
@@ -162,8 +165,8 @@ class Clock:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def ours(ckpt: Path, layout: str, batching: str, work, batch: int, max_len: int):
-    llm = LLM(ckpt, kv_layout=layout, batching=batching, reservation_policy="max",
+def ours(ckpt: Path, layout: str, batching: str, work, batch: int, max_len: int, tier=LLM):
+    llm = tier(ckpt, kv_layout=layout, batching=batching, reservation_policy="max",
               max_num_seqs=batch, max_model_len=max_len, block_size=BLOCK_SIZE,
               num_gpu_blocks=batch * max_len // BLOCK_SIZE)
 
@@ -258,6 +261,8 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS) -> dict:
     wanted = [n for _, n in work]
     total = sum(wanted)
     runners = {
+        "optimized": lambda: ours(ckpt, "paged", "continuous", work, batch, max_len,
+                                  tier=OptimizedLLM),
         "paged_continuous": lambda: ours(ckpt, "paged", "continuous", work, batch, max_len),
         "contiguous_static": lambda: ours(ckpt, "contiguous", "static", work, batch, max_len),
         "hf_generate": lambda: hf_generate(ckpt, work, batch),
@@ -291,9 +296,29 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS) -> dict:
     return results
 
 
+def matmul_flops(hidden: int, seconds: float = 1.0) -> float:
+    """FLOP/s of float32 matrix products on this process's threads, measured now: [256, hidden]
+    x [hidden, 4 hidden], the shape of a busy step's MLP, repeated for about `seconds`."""
+    a, b = torch.randn(256, hidden), torch.randn(hidden, 4 * hidden)
+    a @ b  # warm-up
+    calls, began = 0, time.perf_counter()
+    while (spent := time.perf_counter() - began) < seconds:
+        a @ b
+        calls += 1
+    return calls * 2 * 256 * hidden * 4 * hidden / spent
+
+
+def add_compute_floor(results: dict, params: int, flops: float) -> None:
+    """Each system's share of the compute floor: the model's FLOPs per output token (2 per
+    weight: a multiply and an add; attention left out) x its tokens/s, over the matmul FLOP/s."""
+    for res in results.values():
+        if res.get("ok"):
+            res["compute_floor_share"] = 2 * params * res["tokens_per_s"] / flops
+
+
 def print_table(results: dict) -> None:
     print(f"\n{'system':42}{'tokens':>8}{'wall s':>8}{'tok/s':>8}{'x gen':>7}"
-          f"{'CPU s':>8}{'tok/CPU-s':>10}{'x gen':>7}")
+          f"{'CPU s':>8}{'tok/CPU-s':>10}{'x gen':>7}{'floor':>7}")
 
     def times(value):
         return "" if value is None else f"{value:.2f}x"
@@ -305,9 +330,11 @@ def print_table(results: dict) -> None:
         print(f"{LABELS[name]:42}{res['output_tokens']:8d}{res['seconds']:8.1f}"
               f"{res['tokens_per_s']:8.1f}{times(res.get('ratio_to_hf_generate')):>7}"
               f"{res['cpu_seconds']:8.1f}{res['tokens_per_cpu_s']:10.1f}"
-              f"{times(res.get('cpu_ratio_to_hf_generate')):>7}")
+              f"{times(res.get('cpu_ratio_to_hf_generate')):>7}"
+              f"{100 * res.get('compute_floor_share', 0):6.1f}%")
     print("tokens: each request's own output tokens; x gen: throughput / transformers generate's;"
-          " CPU s: this process's CPU time (all threads)")
+          " CPU s: this process's CPU time (all threads); floor: share of the compute floor "
+          "(2 x parameters FLOPs per token x tok/s / matmul FLOP/s measured in this run)")
 
 
 # -- the profile ------------------------------------------------------------------------------
@@ -536,7 +563,11 @@ def run(args, size: str, num_requests: int, scale: int, batch: int, max_len: int
 
             config["transformers"] = transformers.__version__
             systems = race(ckpt, work, batch, max_len, only)
+            config["matmul_flops"] = matmul_flops(fields["hidden_size"])
+            add_compute_floor(systems, params, config["matmul_flops"])
             print_table(systems)
+            print(f"matmul: {config['matmul_flops'] / 1e9:.1f} GFLOP/s float32 on "
+                  f"{torch.get_num_threads()} thread(s)")
             results = {"config": config, "systems": systems}
     return results
 

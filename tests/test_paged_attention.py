@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from pagedllm.optimized.attention import cpu_paged_attention
 from pagedllm.reference import ContiguousCache, load_model
 from pagedllm.reference.engine.generate import generate_many
 from pagedllm.reference.kv import BlockSpaceManager, CacheEngine
@@ -43,10 +44,13 @@ def tables(manager, n):
                          for i in range(n)], dtype=torch.int32)
 
 
+@pytest.mark.parametrize("attention", [paged_attention, cpu_paged_attention],
+                         ids=["reference", "optimized-cpu"])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("query_lens", [[1, 1, 1, 1, 1], [1, 4, 2, 13, 1], [1, 3, 5, 7, 9]])
-def test_paged_attention_matches_dense_for_every_query_shape(window, query_lens):
-    """Decodes (1 query), chunks and whole prompts (up to seq_len queries), mixed in one batch."""
+def test_paged_attention_matches_dense_for_every_query_shape(window, query_lens, attention):
+    """Decodes (1 query), chunks and whole prompts (up to seq_len queries), mixed in one batch:
+    the reference's definition, and the optimized tier's vectorized CPU path."""
     seq_lens = [1, 4, 5, 13, 9]  # a single token, exactly one block, one past, several blocks
     manager, cache, dense = filled_pool(seq_lens)
     table = manager.block_table(3)
@@ -54,7 +58,7 @@ def test_paged_attention_matches_dense_for_every_query_shape(window, query_lens)
     query_lens = [min(q, n) for q, n in zip(query_lens, seq_lens, strict=True)]
     starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(int(starts[-1]), HEADS, HEAD_DIM)
-    got = paged_attention(q, cache.gpu_k[0], cache.gpu_v[0], tables(manager, len(seq_lens)),
+    got = attention(q, cache.gpu_k[0], cache.gpu_v[0], tables(manager, len(seq_lens)),
                           torch.tensor(seq_lens, dtype=torch.int32), starts, HEAD_DIM**-0.5,
                           window)
     for b, (n, (k, v)) in enumerate(zip(seq_lens, dense, strict=True)):
