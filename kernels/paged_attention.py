@@ -144,6 +144,7 @@ def _paged_attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
+    # --8<-- [start:find_sequence]
     # -- which sequence, which of its queries ---------------------------------------------------
     # The segment (a sequence, or the padding after the last one) owning this query block: the
     # last s with query_start_loc[s] // BLOCK_Q + s <= block_idx, by binary search.
@@ -167,7 +168,9 @@ def _paged_attention_kernel(
     if q_block * BLOCK_Q >= q_len:
         return  # a left-over program: the grid is an upper bound
     context_len = seq_len - q_len  # query i sits at position context_len + i
+    # --8<-- [end:find_sequence]
 
+    # --8<-- [start:gqa_rows]
     rows = tl.arange(0, BLOCK_M)
     q_idx = q_block * BLOCK_Q + rows // GROUP  # query within the sequence
     head = kv_head * GROUP + rows % GROUP
@@ -181,7 +184,9 @@ def _paged_attention_kernel(
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_PAD]
     if DOT_F32:
         q = q.to(tl.float32)
+    # --8<-- [end:gqa_rows]
 
+    # --8<-- [start:key_range]
     # -- the keys this block of queries may see, and this split's share of their tiles ----------
     last_q = tl.minimum(q_len, (q_block + 1) * BLOCK_Q)  # one past the block's last query
     kv_hi = tl.minimum(seq_len, context_len + last_q)  # one past the last visible key
@@ -194,7 +199,9 @@ def _paged_attention_kernel(
         per_split = tl.cdiv(tile_hi - tile_lo, NUM_SPLITS)
         tile_lo = tile_lo + split * per_split
         tile_hi = tl.minimum(tile_hi, tile_lo + per_split)
+    # --8<-- [end:key_range]
 
+    # --8<-- [start:tile_loop]
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # running sum of exp2(...) * v
@@ -229,7 +236,9 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    # --8<-- [end:tile_loop]
 
+    # --8<-- [start:finish]
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no key seen (padding rows): acc = 0
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
@@ -240,8 +249,10 @@ def _paged_attention_kernel(
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc,
                  mask=row_ok[:, None])
+    # --8<-- [end:finish]
 
 
+# --8<-- [start:combine]
 @triton.jit
 def _combine_splits_kernel(
     out_ptr,  # [T, heads, head_dim]
@@ -273,6 +284,7 @@ def _combine_splits_kernel(
     out = out / tl.where(total > 0, total, 1.0)  # no key seen (padding rows): out = 0
     tl.store(out_ptr + token * stride_ot + head * stride_oh + dims,
              out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+# --8<-- [end:combine]
 
 
 @cache
@@ -280,6 +292,7 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# --8<-- [start:choose_num_splits]
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int,
                       num_sms: int = 132) -> int:
     """Flash-decoding's split count: how many programs share one sequence's keys.
@@ -293,6 +306,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_query_len: int, max_
     programs = num_seqs * num_kv_heads
     wanted = -(-PROGRAMS_PER_SM * num_sms // programs)  # ceil
     return max(1, min(wanted, max_seq_len // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+# --8<-- [end:choose_num_splits]
 
 
 def _choose_tiles(max_query_len: int, group: int, head_pad: int):
