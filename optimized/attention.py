@@ -8,7 +8,12 @@ of them in one batched product), and every sequence with more than one query row
 one padded batch — queries padded to the longest, keys read through the slots of each sequence's
 block table — so a step costs the same handful of tensor operations whatever its mix.
 
-It is held to the reference op by the same tests as the kernel (``tests/test_optimized_tier.py``).
+A decode batch is also split into a few buckets of similar lengths. Batched decode attention
+reads every sequence's keys up to the longest one's length (the rest masked); with lengths
+spread from tens to hundreds of tokens, most of what it would read is padding, and on a CPU
+that read (an indexed copy of K and V) is the largest cost after the weights.
+
+It is held to the reference op by the same tests as the kernel (``tests/test_paged_attention.py``).
 """
 
 import torch
@@ -18,6 +23,7 @@ from pagedllm.kernels.runtime import interpreting
 from pagedllm.reference.ops.attention import decode_attention
 
 
+# --8<-- [start:dispatch]
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
@@ -28,6 +34,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                       query_start_loc, scale, sliding_window)
     return cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                                scale, sliding_window)
+# --8<-- [end:dispatch]
 
 
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
@@ -38,10 +45,13 @@ def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start
     q_lens = starts[1:] - starts[:-1]  # [B]
     seq_lens = seq_lens.to("cpu", torch.int64)
     decodes = (q_lens == 1).nonzero()[:, 0]  # [D]
-    if decodes.numel():
-        rows = starts[decodes]
-        out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[decodes],
-                                     seq_lens[decodes], scale, sliding_window)
+    block_size = k_cache.shape[1]
+    for bucket in length_buckets(seq_lens[decodes].tolist()):
+        seqs = decodes[bucket]
+        rows, lens = starts[seqs], seq_lens[seqs]
+        width = -(-int(lens.max()) // block_size)  # the bucket's longest sequence's blocks
+        out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[seqs, :width],
+                                     lens, scale, sliding_window)
     longer = (q_lens > 1).nonzero()[:, 0]  # [P]
     if longer.numel():
         rows, result = _padded_attention(q, k_cache, v_cache, block_tables[longer],
@@ -49,6 +59,21 @@ def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start
                                          scale, sliding_window)
         out[rows] = result
     return out
+
+
+def length_buckets(lens: list[int], slack: float = 1.5) -> list[list[int]]:
+    """Indices of lens in groups of similar length: in each group, padding every member to the
+    longest costs at most `slack` times the group's real length."""
+    buckets: list[list[int]] = []
+    total = 0
+    for i in sorted(range(len(lens)), key=lens.__getitem__):  # shortest first
+        if buckets and lens[i] * (len(buckets[-1]) + 1) <= slack * (total + lens[i]):
+            buckets[-1].append(i)
+            total += lens[i]
+        else:
+            buckets.append([i])
+            total = lens[i]
+    return buckets
 
 
 def _padded_attention(q, k_cache, v_cache, block_tables, seq_lens, starts, q_lens, scale,

@@ -15,8 +15,8 @@ rows write their K/V nowhere (slot -1), attend over one slot of block 0, and are
 
 import torch
 
-from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from pagedllm.reference.engine.step_inputs import StepInputs
+from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -47,6 +47,7 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_size)
         tokens = max(max_num_batched_tokens, max_num_seqs)
 
+        # --8<-- [start:buffers]
         def buffer(*shape, dtype=torch.int64):
             return torch.zeros(shape, dtype=dtype, device=self.device)
 
@@ -55,11 +56,13 @@ class ModelRunner:
         self.block_tables = buffer(max_num_seqs, self.max_blocks, dtype=torch.int32)
         self.seq_lens = buffer(max_num_seqs, dtype=torch.int32)  # [B_max]
         self.query_start_loc = buffer(max_num_seqs + 1, dtype=torch.int32)  # [B_max + 1]
+        # --8<-- [end:buffers]
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
         self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
 
     # -- copying a step into the buffers --------------------------------------------------------
+    # --8<-- [start:load]
     def _load(self, inputs: StepInputs, num_tokens: int, num_seqs: int) -> None:
         """Copy the step into the buffers' first rows; pad rows up to num_tokens / num_seqs."""
         md = inputs.attn_metadata
@@ -80,6 +83,7 @@ class ModelRunner:
             self.seq_lens[B:num_seqs] = 1
             self.query_start_loc[B + 1:num_seqs + 1] = torch.arange(
                 T + 1, T + 1 + num_seqs - B, device=self.device, dtype=torch.int32)
+    # --8<-- [end:load]
 
     def _metadata(self, inputs: StepInputs | None, num_tokens: int, num_seqs: int,
                   width: int) -> AttentionMetadata:
@@ -98,6 +102,7 @@ class ModelRunner:
         return PagedAttention(md, self.k_caches, self.v_caches, self.backend)
 
     # -- the forward ----------------------------------------------------------------------------
+    # --8<-- [start:execute]
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """logits [S, vocab] for the step's logits_indices rows."""
@@ -118,7 +123,9 @@ class ModelRunner:
         graph, logits = self.graphs[size]
         graph.replay()
         return logits[inputs.logits_indices]  # [S, vocab]; padding rows never sampled
+    # --8<-- [end:execute]
 
+    # --8<-- [start:capture]
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Record the forward of `size` decode rows over the buffers (whole block tables)."""
         md = self._metadata(None, size, size, self.max_blocks)
@@ -136,6 +143,7 @@ class ModelRunner:
         with torch.cuda.graph(graph, pool=self._pool()):
             logits = forward()  # [size, vocab], rewritten in place by every replay
         return graph, logits
+    # --8<-- [end:capture]
 
     def _pool(self):
         if not hasattr(self, "_graph_pool"):
