@@ -61,7 +61,7 @@ def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start
     return out
 
 
-def length_buckets(lens: list[int], slack: float = 1.5) -> list[list[int]]:
+def length_buckets(lens: list[int], slack: float = 2.0) -> list[list[int]]:
     """Indices of lens in groups of similar length: in each group, padding every member to the
     longest costs at most `slack` times the group's real length."""
     buckets: list[list[int]] = []

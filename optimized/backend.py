@@ -12,4 +12,6 @@ from pagedllm.kernels.backend import TRITON_BACKEND
 
 from .attention import paged_attention
 
+# --8<-- [start:backend]
 OPTIMIZED_BACKEND = replace(TRITON_BACKEND, paged_attention=paged_attention)
+# --8<-- [end:backend]

@@ -63,10 +63,13 @@ class LLMEngine(ReferenceEngine):
             max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
             max_model_len=sc.max_model_len, block_size=block_size, enforce_eager=enforce_eager)
 
+    # --8<-- [start:execute_model]
     def execute_model(self, inputs: StepInputs) -> torch.Tensor:
         return self.runner.execute(inputs)  # [S, vocab]
+    # --8<-- [end:execute_model]
 
 
+# --8<-- [start:profile_num_blocks]
 def profile_num_blocks(model, backend, block_size: int, max_tokens: int,
                        utilization: float) -> int:
     """KV blocks that fit once the weights and a full step's activations are in memory.
@@ -109,3 +112,4 @@ def profile_num_blocks(model, backend, block_size: int, max_tokens: int,
                          f"after {weights / 2**30:.2f} GiB of weights and {activations / 2**30:.2f}"
                          " GiB of activations; raise it or lower max_num_batched_tokens")
     return num_blocks
+# --8<-- [end:profile_num_blocks]

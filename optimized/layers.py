@@ -18,6 +18,7 @@ from pagedllm.reference.model.llama import LlamaAttention, LlamaForCausalLM, Lla
 from pagedllm.reference.model.opt import OPTAttention, OPTForCausalLM
 
 
+# --8<-- [start:merged_linear]
 def _merged_linear(parts: list[nn.Linear]) -> nn.Linear:
     """One Linear whose output is the parts' outputs side by side."""
     weight = torch.cat([p.weight for p in parts])  # [sum(out), in]
@@ -27,6 +28,7 @@ def _merged_linear(parts: list[nn.Linear]) -> nn.Linear:
     if parts[0].bias is not None:
         merged.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
     return merged
+# --8<-- [end:merged_linear]
 
 
 class MergedLlamaAttention(nn.Module):
@@ -45,6 +47,7 @@ class MergedLlamaAttention(nn.Module):
         self.sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                       self.num_kv_heads * self.head_dim]
 
+    # --8<-- [start:merged_attention]
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         T, ops = x.shape[0], attn.backend
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # views of one [T, qkv] output
@@ -57,8 +60,10 @@ class MergedLlamaAttention(nn.Module):
         q, k = ops.rotary(q, k, positions, self.inv_freq)
         out = attn.attend(self.layer_idx, q, k, v, positions, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(T, -1))  # [T, hidden]
+    # --8<-- [end:merged_attention]
 
 
+# --8<-- [start:merged_mlp]
 class MergedLlamaMLP(nn.Module):
     """LlamaMLP with gate_proj and up_proj as one gate_up_proj: [T, 2 * intermediate]."""
 
@@ -69,6 +74,7 @@ class MergedLlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))  # [T, hidden]
+# --8<-- [end:merged_mlp]
 
 
 class MergedOPTAttention(nn.Module):
