@@ -53,6 +53,7 @@ class LLMEngine(ReferenceEngine):
                         low_open=True)
             num_gpu_blocks = profile_num_blocks(model, backend, block_size,
                                                 scheduler_config.max_num_batched_tokens,
+                                                scheduler_config.max_model_len,
                                                 gpu_memory_utilization)
         super().__init__(model, tokenizer, kv_layout=kv_layout, block_size=block_size,
                          num_gpu_blocks=num_gpu_blocks, scheduler_config=scheduler_config,
@@ -70,33 +71,41 @@ class LLMEngine(ReferenceEngine):
 
 
 # --8<-- [start:profile_num_blocks]
-def profile_num_blocks(model, backend, block_size: int, max_tokens: int,
+def profile_num_blocks(model, backend, block_size: int, max_tokens: int, max_model_len: int,
                        utilization: float) -> int:
     """KV blocks that fit once the weights and a full step's activations are in memory.
 
-    One forward of max_tokens tokens (one sequence: the most activation memory a step can take)
-    over a pool just large enough for it; the peak it reaches is what every step may need.
+    One forward of max_tokens tokens (the most a step can compute, as sequences of at most
+    max_model_len tokens: positions stay inside the model's table) over a pool just large enough
+    for them; the peak it reaches is what every step may need.
     """
     cfg, device = model.config, next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    blocks = -(-max_tokens // block_size)
+    lens = [max_model_len] * (max_tokens // max_model_len)
+    if max_tokens % max_model_len:
+        lens.append(max_tokens % max_model_len)
+    per_seq = -(-max(lens) // block_size)
+    blocks = per_seq * len(lens)
     shape = (blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
     v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)  # [S]
+    starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    positions = torch.cat([torch.arange(n) for n in lens]).to(device)  # [max_tokens]
+    tables = torch.arange(blocks, dtype=torch.int32).view(len(lens), per_seq)  # [S, per_seq]
+    slots = torch.cat([tables[i].long().repeat_interleave(block_size)[:n] * block_size
+                       + torch.arange(n) % block_size for i, n in enumerate(lens)])
     md = AttentionMetadata(
-        slot_mapping=torch.arange(max_tokens, device=device),
-        block_tables=torch.arange(blocks, dtype=torch.int32, device=device)[None],
-        seq_lens=torch.tensor([max_tokens], dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor([0, max_tokens], dtype=torch.int32, device=device),
-        seq_lens_cpu=torch.tensor([max_tokens], dtype=torch.int32),
-        query_start_loc_cpu=torch.tensor([0, max_tokens], dtype=torch.int32))
+        slot_mapping=slots.to(device), block_tables=tables.to(device),
+        seq_lens=seq_lens.to(device), query_start_loc=starts.to(device),
+        seq_lens_cpu=seq_lens, query_start_loc_cpu=starts)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     with torch.inference_mode():
         ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
-        model(ids, torch.arange(max_tokens, device=device), PagedAttention(md, k, v, backend),
-              logits_indices=torch.tensor([max_tokens - 1], device=device))
+        model(ids, positions, PagedAttention(md, k, v, backend),
+              logits_indices=starts[1:].to(device) - 1)
     torch.cuda.synchronize(device)
     activations = torch.cuda.max_memory_allocated(device) - before  # the step's peak
     weights = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -43,7 +43,10 @@ class MergedLlamaAttention(nn.Module):
         self.qk_norm = ref.qk_norm
         if ref.qk_norm:
             self.q_norm, self.k_norm = ref.q_norm, ref.k_norm
-        self.inv_freq, self.sliding_window, self.scale = ref.inv_freq, ref.sliding_window, ref.scale
+        # On the weights' device once: the reference moves it at every call, a host-to-device
+        # copy per layer that a CUDA graph cannot even record.
+        self.inv_freq = ref.inv_freq.to(self.qkv_proj.weight.device)
+        self.sliding_window, self.scale = ref.sliding_window, ref.scale
         self.sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                       self.num_kv_heads * self.head_dim]
 
