@@ -4,7 +4,7 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/cow_exercise.py (skipped while the function it needs still raises
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 
 The reference is BlockSpaceManager (reference/kv/block_manager.py). With sharing: allocate the
 prompt, fork n - 1 children from it (counts up, nothing copied), then append every sample's
@@ -13,45 +13,18 @@ filled last block before the first write into it). Without sharing: every sample
 prompt for itself. Either way, count the distinct physical blocks in use at the end.
 """
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
 from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "cow_exercise.py",
-    "yours": HERE / "cow_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/cow_exercise.py"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"cow_exercise_{name}", IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def impl(request):
-    return request.param, load(request.param)
+EXERCISE = "cow_exercise"  # impl (conftest.py): the solution's file, then yours
 
 
 def use(impl, function: str):
     """The function, or a skip while the learner's version still raises NotImplementedError."""
-    name, module = impl
-    fn = getattr(module, function)
-    try:
-        fn(1, [1], 1)
-    except NotImplementedError:
-        if name == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
-    return fn
+    return impl.use(function, 1, [1], 1)
 
 
 def run_manager(prompt_len: int, output_lens: list[int], block_size: int, shared: bool,

@@ -4,47 +4,27 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/fusion_exercise.py (skipped while a function still raises
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 
 The chains are the reference's torch code (reference/ops/layernorm.py, activation.py,
 rotary.py), op by op, for T tokens of Llama-3-8B in bf16. The fused counts must equal what the
 Triton kernels (kernels/rms_norm.py, silu_and_mul.py, rotary.py) load and store.
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "fusion_exercise.py",
-    "yours": HERE / "fusion_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/fusion_exercise.py"
+EXERCISE = "fusion_exercise"  # impl (conftest.py): the solution's file, then yours
 T, HIDDEN, INTER = 8, 4096, 14336  # tokens; Llama-3-8B's hidden and intermediate sizes
 BF16, F32 = 2, 4
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"fusion_exercise_{name}",
-                                                  IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def impl(request):
-    module = load(request.param)
-    try:
-        module.unfused_bytes([("op", ("a",), ("b",))], {"a": 1, "b": 1})
-        module.fused_bytes([("op", ("a",), ("b",))], {"a": 1, "b": 1}, {"b"})
-    except NotImplementedError:
-        if request.param == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
-    return module
+@pytest.fixture
+def impl(impl):
+    """Here the module itself, once neither function raises NotImplementedError."""
+    with impl.skip_if_not_attempted():
+        impl.module.unfused_bytes([("op", ("a",), ("b",))], {"a": 1, "b": 1})
+        impl.module.fused_bytes([("op", ("a",), ("b",))], {"a": 1, "b": 1}, {"b"})
+    return impl.module
 
 
 def rms_norm_chain():

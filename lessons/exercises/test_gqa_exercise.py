@@ -4,11 +4,8 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/gqa_exercise.py (skipped while the function it needs still raises
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 """
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,12 +13,7 @@ import torch
 from pagedllm.reference.kv_size import PRESETS, kv_size
 from pagedllm.reference.ops.attention import causal_attention
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "gqa_exercise.py",
-    "yours": HERE / "gqa_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/gqa_exercise.py"
+EXERCISE = "gqa_exercise"  # impl (conftest.py): the solution's file, then yours
 PROBES = {
     "kv_bytes_per_token": (1, 1, 1, 1),
     "mla_bytes_per_token": (1, 1, 1, 1),
@@ -30,29 +22,9 @@ PROBES = {
 }
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"gqa_exercise_{name}", IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def impl(request):
-    return request.param, load(request.param)
-
-
 def use(impl, function: str):
     """The function, or a skip while the learner's version still raises NotImplementedError."""
-    name, module = impl
-    fn = getattr(module, function)
-    try:
-        fn(*PROBES[function])
-    except NotImplementedError:
-        if name == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
-    return fn
+    return impl.use(function, *PROBES[function])
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

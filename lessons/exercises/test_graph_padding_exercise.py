@@ -4,7 +4,7 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/graph_padding_exercise.py (skipped while the function it needs still raises
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 
 The reference is the optimized tier's ModelRunner (optimized/model_runner.py): its choice of
 graph size and the buffers its ``_load`` fills for a padded decode step. The last tests run a
@@ -13,8 +13,6 @@ tier's, and compare it with the unpadded step: the real rows' logits must be the
 padding must not have written a single slot of the KV cache.
 """
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,12 +24,7 @@ from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.reference.ops import REFERENCE_BACKEND
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "graph_padding_exercise.py",
-    "yours": HERE / "graph_padding_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/graph_padding_exercise.py"
+EXERCISE = "graph_padding_exercise"  # impl (conftest.py): the solution's file, then yours
 BLOCK_SIZE, NUM_BLOCKS = 4, 16
 
 # A decode step of three sequences, blocks of 4 slots: 5, 9 and 2 tokens in the cache once
@@ -43,33 +36,12 @@ STEP["slot_mapping"] = [STEP["block_tables"][b][p // BLOCK_SIZE] * BLOCK_SIZE + 
 KEYS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens")
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"graph_padding_exercise_{name}",
-                                                  IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def impl(request):
-    return request.param, load(request.param)
-
-
 PROBES = {"graph_size": (1, [1]), "pad_decode_step": ([0], [0], [0], [[0]], [1], 1)}
 
 
 def use(impl, function: str):
     """The function, or a skip while the learner's version still raises NotImplementedError."""
-    name, module = impl
-    fn = getattr(module, function)
-    try:
-        fn(*PROBES[function])
-    except NotImplementedError:
-        if name == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
-    return fn
+    return impl.use(function, *PROBES[function])
 
 
 def metadata(step: dict) -> AttentionMetadata:

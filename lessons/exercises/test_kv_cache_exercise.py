@@ -4,12 +4,10 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/kv_cache_exercise.py (skipped until store_and_fetch stops raising
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 """
 
 import importlib
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,34 +19,17 @@ from pagedllm.reference.model.random_checkpoint import tiny_config, write_random
 # of the same name from attribute access.
 generate_module = importlib.import_module("pagedllm.reference.engine.generate")
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "kv_cache_exercise.py",
-    "yours": HERE / "kv_cache_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/kv_cache_exercise.py"
+EXERCISE = "kv_cache_exercise"  # impl (conftest.py): the solution's file, then yours
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 75, 86]  # nine token ids, any in the vocabulary do
 NEW_TOKENS = 24
 
 
-def load_cache_class(name: str):
-    spec = importlib.util.spec_from_file_location(f"kv_cache_exercise_{name}",
-                                                  IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.MyContiguousCache
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def cache_class(request):
-    cls = load_cache_class(request.param)
+@pytest.fixture
+def cache_class(impl):
+    cls = impl.module.MyContiguousCache
     probe = cls(1, 4, 1, 2)
-    try:
+    with impl.skip_if_not_attempted():
         probe.store_and_fetch(0, torch.arange(1), torch.zeros(1, 1, 2), torch.zeros(1, 1, 2))
-    except NotImplementedError:
-        if request.param == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
     return cls
 
 

@@ -4,45 +4,27 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/online_softmax_exercise.py (skipped while a function still raises
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 
 The reference is torch.softmax(scores) @ values in float64. Problems are cut into tiles of
 random sizes (as a kernel's tiles, or flash-decoding's splits) and merged in random orders.
 """
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "online_softmax_exercise.py",
-    "yours": HERE / "online_softmax_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/online_softmax_exercise.py"
+EXERCISE = "online_softmax_exercise"  # impl (conftest.py): the solution's file, then yours
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"online_softmax_exercise_{name}",
-                                                  IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def impl(request):
-    module = load(request.param)
+@pytest.fixture
+def impl(impl):
+    """Here the module itself, once no function raises NotImplementedError."""
+    module = impl.module
     s, v = torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64)
-    try:
+    with impl.skip_if_not_attempted():
         module.finish(module.merge(module.partial(s, v), module.partial(s, v)))
-    except NotImplementedError:
-        if request.param == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
     return module
 
 

@@ -4,48 +4,27 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/paged_kernel_exercise.py (skipped while the function still raises
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 
 The reference is decode_attention (reference/ops/attention.py). The pool's blocks are handed out
 in a shuffled order and every slot no sequence wrote is NaN, so reading one slot too many, or
 the wrong block, turns the output into NaN and the comparison fails.
 """
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
 from pagedllm.reference.ops.attention import decode_attention
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "paged_kernel_exercise.py",
-    "yours": HERE / "paged_kernel_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/paged_kernel_exercise.py"
+EXERCISE = "paged_kernel_exercise"  # impl (conftest.py): the solution's file, then yours
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"paged_kernel_exercise_{name}",
-                                                  IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def attend(request):
-    fn = load(request.param).attend_in_place
-    try:
-        fn(torch.zeros(1, 2), torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), [0], 1, 1.0)
-    except NotImplementedError:
-        if request.param == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
-    return fn
+@pytest.fixture
+def attend(impl):
+    return impl.use("attend_in_place", torch.zeros(1, 2), torch.zeros(1, 1, 1, 2),
+                    torch.zeros(1, 1, 1, 2), [0], 1, 1.0)
 
 
 def poisoned_pool(seed, seq_lens, block_size, kv_heads, head_dim, spare=3):

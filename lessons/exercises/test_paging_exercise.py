@@ -4,40 +4,20 @@
 
 Each test runs twice: against the solution (always) and against your file,
 lessons/exercises/paging_exercise.py (skipped while the function it needs still raises
-NotImplementedError). The modules are loaded by file path, so lessons/ needs no __init__.py.
+NotImplementedError). conftest.py loads both by file path, so lessons/ needs no __init__.py.
 
 The reference is BlockSpaceManager (reference/kv/block_manager.py): the tests allocate sequences,
 grow them one token at a time, free some so that their blocks are recycled out of order, and
 after every step compare your slot mapping and block count with the manager's own.
 """
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
 from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
-HERE = Path(__file__).resolve().parent
-IMPLEMENTATIONS = {
-    "solution": HERE / "solutions" / "paging_exercise.py",
-    "yours": HERE / "paging_exercise.py",
-}
-NOT_ATTEMPTED = "exercise not attempted yet: edit lessons/exercises/paging_exercise.py"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"paging_exercise_{name}",
-                                                  IMPLEMENTATIONS[name])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def impl(request):
-    return request.param, load(request.param)
+EXERCISE = "paging_exercise"  # impl (conftest.py): the solution's file, then yours
 
 
 PROBES = {"slot_mapping": ([0], 1, [0]), "blocks_needed": (1, 1)}
@@ -45,15 +25,7 @@ PROBES = {"slot_mapping": ([0], 1, [0]), "blocks_needed": (1, 1)}
 
 def use(impl, function: str):
     """The function, or a skip while the learner's version still raises NotImplementedError."""
-    name, module = impl
-    fn = getattr(module, function)
-    try:
-        fn(*PROBES[function])
-    except NotImplementedError:
-        if name == "solution":
-            raise
-        pytest.skip(NOT_ATTEMPTED)
-    return fn
+    return impl.use(function, *PROBES[function])
 
 
 def test_blocks_needed_seed_example(impl):
