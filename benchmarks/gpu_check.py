@@ -1,0 +1,945 @@
+"""The one script to run when a GPU is lent: correctness, kernels, end-to-end throughput and the
+decode step's share of its memory-bandwidth floor, in one run of under 8 minutes on one H200,
+ending with a short table.
+
+From the repository root, with or without ``pip install -e .``::
+
+    python benchmarks/gpu_check.py --json /tmp/gpu_check.json    # the whole check
+    PYTHONPATH=. python benchmarks/gpu_check.py                  # the same
+    python benchmarks/gpu_check.py --quick --skip-tests          # a few minutes less
+    python benchmarks/gpu_check.py --dry-run                     # no GPU: every path, ~1 minute
+
+The package ``pagedllm`` maps folders (pyproject's package-dir: ``reference/`` is
+``pagedllm.reference`` ...), so a plain checkout on ``PYTHONPATH`` does not import as
+``pagedllm.reference``. This script maps them itself (``use_checkout``), for itself and for
+every subprocess it starts: it always runs the code of the checkout it sits in, installed or not.
+
+Sections, each in its own subprocess with a time limit (a crash or a hung CUDA context in one
+leaves the others running; the table says which failed):
+
+1. tests: ``pytest tests/gpu``: the kernels, the reference and the optimized tier on CUDA
+   against their CPU or reference twins; passed / failed counts.
+2. kernels: ``benchmarks/kernels_gpu.py``; its goal rows (decode attention at context 4096 vs
+   a device-to-device copy, prefill at 4096 vs FlashAttention).
+3. e2e: throughput on random-weight bfloat16 models shaped like SmolLM2-135M, Qwen2.5-0.5B and
+   Llama-3.2-1B (written by ``save_pretrained`` into a temporary folder: nothing downloaded), on
+   nano-vllm's benchmark workload: every request queued at once, prompt and output lengths
+   uniform in 100..1024, greedy, EOS ignored (each request generates exactly its own length).
+   Systems: the optimized engine, the reference engine, transformers ``generate`` on static
+   batches (left-padded; only each request's own tokens count) and transformers
+   ``generate_batch`` (its continuous batching, each request its own max_new_tokens). All get
+   the same batch size and KV room (max_num_seqs x max_model_len tokens). Each is warmed up
+   first (the optimized engine on a workload whose batch shrinks through every CUDA-graph
+   size). The table gives useful output tokens per second and the ratio to ``generate``.
+   Time limits: each system gets a share of its model's time; a system still running at the end
+   of it stops and is reported as *partial* (tokens made so far over the time taken; ``generate``
+   stops through its ``max_time``; ``generate_batch`` counts finished requests only). A partial
+   number leaves out the slow tail of a run, so it flatters the system that was cut off.
+4. decode: a steady decode step of the optimized engine (Llama-3.2-1B shape, 64 sequences of
+   about 1024 tokens of context): its memory-bandwidth floor is (weight bytes + K/V bytes read)
+   / the bandwidth of a large device-to-device copy measured in the same run; the share is
+   floor / step time, for the engine's whole step and for the forward alone.
+
+Goals, printed beside the numbers: end-to-end >= 10x transformers generate; decode step >= 70 %
+of its bandwidth floor. A missed goal is reported, not failed. Exit status 1 if any section
+failed (an exception, a time limit, a failed test), 0 otherwise; 2 without CUDA and without
+--dry-run.
+
+``--dry-run`` runs every path on the CPU with tiny shapes of the same configs: the tests (all
+skipped without CUDA), the kernel benchmark's own dry run (kernels through Triton's interpreter),
+the engines and transformers on the CPU (the optimized tier's CPU fallback), the decode probe;
+timing replaced by one call, its numbers are not measurements.
+"""
+
+import time
+
+STARTED = time.perf_counter()  # a worker's time limit counts from here: its imports included
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBPACKAGES = ("reference", "optimized", "kernels", "serving")  # pyproject's package-dir
+
+
+class _CheckoutFinder(importlib.abc.MetaPathFinder):
+    """Finds ``pagedllm.<sub>`` in the checkout's top-level folder ``<sub>/``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        parent, _, name = fullname.partition(".")
+        if parent != "pagedllm" or name not in SUBPACKAGES:
+            return None
+        folder = ROOT / name
+        return importlib.util.spec_from_file_location(
+            fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+
+def use_checkout() -> None:
+    """Make ``import pagedllm.reference`` (and the other tiers) load this checkout's folders.
+
+    The checkout's root goes first on sys.path (``pagedllm/`` is a folder there) and a finder
+    maps the sub-packages to their folders, as an editable install does. An editable install of
+    this same checkout finds the same files; any other install is shadowed.
+    """
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    if not any(isinstance(f, _CheckoutFinder) for f in sys.meta_path):
+        sys.meta_path.append(_CheckoutFinder())
+
+
+use_checkout()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+# -- sizes and budgets --------------------------------------------------------------------------
+BUDGET_S = {"full": 455.0, "quick": 300.0, "dry": 600.0}  # the whole run; 8 minutes is the limit
+# Each section's share of the budget left when it starts (time a section leaves unused goes to
+# the sections after it).
+WEIGHTS = {"tests": 150, "kernels": 55, "e2e": 70, "decode": 35}
+GRACE_S = 8.0  # a worker's time limit beyond its own budget: clean-up
+
+GOAL_E2E = 10.0  # x transformers generate
+GOAL_DECODE = 0.70  # share of the bandwidth floor
+
+BLOCK_SIZE = 16
+SEED = 0
+
+# Random-weight models shaped like the published ones (the tiny_config family, then overrides).
+MODELS = {
+    "smollm2-135m": dict(
+        family="llama",
+        config=dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    head_dim=64, tie_word_embeddings=True, rope_theta=100000.0,
+                    max_position_embeddings=8192, rms_norm_eps=1e-5),
+        tiny=dict(vocab_size=512, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=3, num_key_value_heads=1, head_dim=16,
+                  tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=4096)),
+    "qwen2.5-0.5b": dict(
+        family="qwen2",
+        config=dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                    num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                    tie_word_embeddings=True, rope_theta=1000000.0,
+                    max_position_embeddings=32768, rms_norm_eps=1e-6),
+        tiny=dict(vocab_size=512, hidden_size=112, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=7, num_key_value_heads=1, tie_word_embeddings=True,
+                  rope_theta=1000000.0, max_position_embeddings=4096)),
+    "llama-3.2-1b": dict(
+        family="llama3",
+        config=dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                    num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                    head_dim=64, tie_word_embeddings=True, rope_theta=500000.0,
+                    rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                      high_freq_factor=4.0,
+                                      original_max_position_embeddings=8192),
+                    max_position_embeddings=131072, rms_norm_eps=1e-5),
+        tiny=dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                  tie_word_embeddings=True, rope_theta=500000.0,
+                  rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                    high_freq_factor=4.0, original_max_position_embeddings=64),
+                  max_position_embeddings=4096)),
+}
+DECODE_MODEL = "llama-3.2-1b"
+
+# The e2e workload (nano-vllm's bench.py: lengths uniform in 100..1024, all queued at once).
+E2E = {  # requests (= the batch size: every request runs from the first step), lengths
+    "full": dict(requests=64, low=100, high=1024, max_len=2048),
+    "quick": dict(requests=32, low=100, high=1024, max_len=2048),
+    "dry": dict(requests=6, low=4, high=24, max_len=64, batch=4),
+}
+# Each system's share of its model's time (what is left after the checkpoint is written).
+SYSTEMS = ("optimized", "hf_generate", "hf_generate_batch", "reference")
+SHARES = {"optimized": 0.4, "hf_generate": 0.2, "hf_generate_batch": 0.25, "reference": 0.15}
+# Seconds each system takes on the GPU beside its timed run (loading, warm-up, compiling).
+SETUP_S = {"optimized": 10.0, "hf_generate": 3.0, "hf_generate_batch": 8.0, "reference": 3.0}
+# The dry run's limits: two systems run to the end, two stop at once (their partial path).
+DRY_CAPS = {"optimized": math.inf, "hf_generate": 600.0, "hf_generate_batch": 0.0,
+            "reference": 0.0}
+LABELS = {"optimized": "optimized engine", "reference": "reference engine",
+          "hf_generate": "transformers generate", "hf_generate_batch": "transformers gen_batch"}
+
+DECODE = {  # sequences, context tokens, timed steps
+    "full": dict(batch=64, context=1024, steps=20, copy_bytes=1 << 30),
+    "quick": dict(batch=64, context=1024, steps=10, copy_bytes=1 << 30),
+    "dry": dict(batch=4, context=24, steps=1, copy_bytes=1 << 20),
+}
+
+
+# == helpers used by the workers ================================================================
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def write_checkpoint(root: Path, name: str, dry_run: bool, device: str) -> Path:
+    """The model `name` with N(0, 0.02) weights in bfloat16, written by save_pretrained
+    (reused when an earlier worker of this run wrote it)."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedllm.reference.model.random_checkpoint import tiny_config
+    path = root / name
+    if (path / "config.json").exists():
+        return path
+    spec = MODELS[name]
+    cfg = tiny_config(spec["family"], **(spec["tiny"] if dry_run else spec["config"]))
+    cfg.initializer_range = 0.02
+    torch.manual_seed(SEED)
+    with torch.device(device):  # initialised where it runs: seconds on a GPU for 1B weights
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    partial = root / f"{name}.partial-{os.getpid()}"
+    model.save_pretrained(partial)
+    del model
+    free_memory()
+    partial.rename(path)
+    return path
+
+
+def unique_parameter_bytes(model) -> int:
+    """Bytes of the model's weights, a tied embedding / lm_head counted once."""
+    seen = {}
+    for p in model.parameters():
+        seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+def make_workload(n: int, low: int, high: int, vocab: int, seed: int = SEED):
+    """[(prompt token ids, output length)]: both lengths uniform in low..high."""
+    rng = np.random.default_rng(seed)
+    eos = vocab - 1  # never in a prompt (EOS is ignored anyway)
+    return [(rng.integers(0, eos, int(rng.integers(low, high + 1))).tolist(),
+             int(rng.integers(low, high + 1))) for _ in range(n)]
+
+
+def warmup_workload(batch: int, vocab: int, prompt: int = 32, seed: int = SEED + 1):
+    """`batch` requests whose outputs have lengths 1..batch: the decode batch shrinks by one each
+    step, through every CUDA-graph size, and the kernels compile for each (outside the timing)."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, vocab - 1, prompt).tolist(), i + 1) for i in range(batch)]
+
+
+class Result(dict):
+    """A system's numbers: ok, seconds, output_tokens, tokens_per_s, partial, error ..."""
+
+
+def useful_tokens(tokens: list, work) -> int:
+    return sum(min(len(t), n) for t, (_, n) in zip(tokens, work, strict=True))
+
+
+# -- the systems -------------------------------------------------------------------------------
+def run_ours(tier: str, ckpt: Path, work, warm, setup: dict, cap: float,
+             enforce_eager: bool = False) -> tuple[Result, list]:
+    from pagedllm.reference.engine.sampling_params import SamplingParams
+    if tier == "optimized":
+        from pagedllm.optimized import LLM
+        extra = {"enforce_eager": enforce_eager}
+    else:
+        from pagedllm.reference.engine.llm import LLM
+        extra = {}
+    dev = setup["device"]
+    llm = LLM(ckpt, dtype="bfloat16", device=dev, block_size=BLOCK_SIZE,
+              num_gpu_blocks=setup["batch"] * -(-setup["max_len"] // BLOCK_SIZE),
+              max_num_seqs=setup["batch"], max_model_len=setup["max_len"], **extra)
+
+    def params(n):
+        return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+    if warm:
+        llm.generate([{"prompt_token_ids": ids} for ids, _ in warm], [params(n) for _, n in warm],
+                     use_tqdm=False)
+    engine = llm.engine
+    ids = [f"t{i}" for i in range(len(work))]
+    for rid, (prompt, n) in zip(ids, work, strict=True):
+        engine.add_request(rid, {"prompt_token_ids": prompt}, params(n))
+    made: dict[str, list[int]] = {}
+    partial = False
+    sync(dev)
+    began = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            made[out.request_id] = out.outputs[0].token_ids
+        if time.perf_counter() - began > cap:
+            partial = True
+            break
+    sync(dev)
+    seconds = time.perf_counter() - began
+    for rid in ids:  # a partial run: free what is left
+        if rid in engine.groups:
+            engine.abort_request(rid)
+    tokens = [made.get(rid, []) for rid in ids]
+    stats = llm.stats()
+    useful = useful_tokens(tokens, work)
+    return Result(ok=True, seconds=seconds, output_tokens=useful, tokens_per_s=useful / seconds,
+                  partial=partial, preemptions=stats["preemptions_recompute"]), tokens
+
+
+def load_hf(ckpt: Path, device: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).to(device).eval()
+    model.generation_config.eos_token_id = None  # ignore EOS: every request runs its length
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def run_hf_generate(ckpt: Path, work, warm, setup: dict, cap: float) -> tuple[Result, list]:
+    dev, batch = setup["device"], setup["batch"]
+    model = load_hf(ckpt, dev)
+
+    @torch.inference_mode()
+    def generate(items, seconds=None):
+        longest = max(len(ids) for ids, _ in items)
+        new = max(n for _, n in items)
+        ids = torch.zeros(len(items), longest, dtype=torch.long)  # left padding
+        mask = torch.zeros(len(items), longest, dtype=torch.long)
+        for row, (prompt, _) in enumerate(items):
+            ids[row, longest - len(prompt):] = torch.tensor(prompt)
+            mask[row, longest - len(prompt):] = 1
+        kw = {"max_time": seconds} if seconds is not None else {}
+        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                             do_sample=False, max_new_tokens=new, **kw)
+        made = out.shape[1] - longest  # fewer than `new` when max_time stopped it
+        return [out[row, longest: longest + min(n, made)].tolist()
+                for row, (_, n) in enumerate(items)], made < new
+
+    if warm:
+        generate(warm[:2])
+    tokens, partial = [], False
+    sync(dev)
+    began = time.perf_counter()
+    for start in range(0, len(work), batch):
+        left = cap - (time.perf_counter() - began)
+        group = work[start: start + batch]
+        if left <= 0:
+            tokens += [[] for _ in group]
+            partial = True
+            continue
+        got, stopped = generate(group, left if math.isfinite(cap) else None)
+        tokens += got
+        partial |= stopped
+    sync(dev)
+    seconds = time.perf_counter() - began
+    useful = useful_tokens(tokens, work)
+    return Result(ok=True, seconds=seconds, output_tokens=useful, tokens_per_s=useful / seconds,
+                  partial=partial), tokens
+
+
+def continuous_batching_config(batch: int, max_len: int):
+    """transformers' ContinuousBatchingConfig with the same batch and KV room as ours, built from
+    the fields this transformers version has (5.17 says block_size, 5.24 page_size)."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    fields = {f.name: f for f in dataclasses.fields(ContinuousBatchingConfig)}
+    page_field = "page_size" if "page_size" in fields else "block_size"
+    page = fields[page_field].default
+    want = {"num_blocks": batch * -(-max_len // page), "max_batch_tokens": max(2048, max_len),
+            "max_requests_per_batch": batch, "allow_block_sharing": False}
+    return ContinuousBatchingConfig(**{k: v for k, v in want.items() if k in fields}), page
+
+
+def run_hf_generate_batch(ckpt: Path, work, warm, setup: dict,
+                          cap: float) -> tuple[Result, list]:
+    from transformers import GenerationConfig
+
+    dev = setup["device"]
+    model = load_hf(ckpt, dev)
+    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0)  # -1: EOS off
+    cb, page = continuous_batching_config(setup["batch"], setup["max_len"])
+
+    def run(items, limit=math.inf):
+        results, partial = {}, False
+        with model.continuous_batching_context_manager(
+                generation_config=gen, continuous_batching_config=cb, block=True, timeout=10,
+                warmup=not setup["dry_run"]) as manager:
+            sync(dev)
+            began = time.perf_counter()  # from the first request to the last result
+            ids = [manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n,
+                                       eos_token_id=-1) for i, (prompt, n) in enumerate(items)]
+            while len(results) < len(ids):
+                if time.perf_counter() - began > limit:
+                    partial = True
+                    break
+                result = manager.get_result(timeout=1)
+                if result is not None and result.is_finished():
+                    if result.error is not None:
+                        raise RuntimeError(f"generate_batch failed: {result.error}")
+                    results[result.request_id] = result
+                elif result is None and not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching thread stopped")
+            sync(dev)
+            seconds = time.perf_counter() - began
+        made = [list(results[i].generated_tokens) if i in results else [] for i in ids]
+        return made, seconds, partial
+
+    if warm and setup["dry_run"]:  # on a GPU the manager's own warm-up (graph capture) does it
+        run(warm[:2])
+    tokens, seconds, partial = run(work, cap)
+    useful = useful_tokens(tokens, work)
+    return Result(ok=True, seconds=seconds, output_tokens=useful, tokens_per_s=useful / seconds,
+                  partial=partial, page_size=page), tokens
+
+
+def same_tokens(a: list, b: list) -> dict:
+    """How two systems' tokens agree, over the requests both finished: identical requests, and
+    the mean share of the shorter output before the first difference."""
+    both = [(x, y) for x, y in zip(a, b, strict=True) if x and y]
+    if not both:
+        return {"compared": 0}
+    prefix = []
+    for x, y in both:
+        n = min(len(x), len(y))
+        first = next((i for i in range(n) if x[i] != y[i]), n)
+        prefix.append(first / n)
+    return {"compared": len(both), "identical": sum(x == y for x, y in both),
+            "mean_common_prefix": sum(prefix) / len(prefix)}
+
+
+# -- the workers ---------------------------------------------------------------------------------
+def attempt(fn, *args, **kwargs) -> tuple[Result, list | None]:
+    """fn's (result, tokens), or a failed result; either way its memory is freed after."""
+    try:
+        result, tokens = fn(*args, **kwargs)
+    except Exception as exc:
+        traceback.print_exc()
+        result, tokens = Result(ok=False, error=f"{type(exc).__name__}: {exc}"), None
+    free_memory()  # the system's model and KV pool went with fn's frame (and the traceback's)
+    return result, tokens
+
+
+def e2e_worker(args) -> dict:
+    """One model: write it, race the systems, write the JSON after each (a worker stopped at
+    its time limit still leaves the systems it finished)."""
+    began = time.perf_counter()
+    mode = "dry" if args.dry_run else "quick" if args.quick else "full"
+    deadline = STARTED + args.budget
+    size = dict(E2E[mode])
+    if args.requests:
+        size["requests"] = args.requests
+    dev = "cpu" if args.dry_run else "cuda"
+    setup = {"device": dev, "dry_run": args.dry_run, "batch": size.get("batch", size["requests"]),
+             "max_len": size["max_len"]}
+    report = {"model": args.model, "device": dev, "setup": setup, "workload": {}, "systems": {}}
+
+    def save():
+        Path(args.worker_out).write_text(json.dumps(report, indent=2))
+
+    ckpt = write_checkpoint(Path(args.ckpt_root), args.model, args.dry_run, dev)
+    from pagedllm.reference.model.config import load_config
+    cfg = load_config(ckpt)
+    work = make_workload(size["requests"], size["low"], size["high"], cfg.vocab_size)
+    report["workload"] = {
+        "requests": len(work), "prompt_tokens": sum(len(p) for p, _ in work),
+        "output_tokens": sum(n for _, n in work), "lengths": f"uniform {size['low']}.."
+        f"{size['high']}", "batch": setup["batch"], "max_model_len": setup["max_len"],
+        "dtype": "bfloat16", "greedy": True, "ignore_eos": True}
+    report["checkpoint_seconds"] = time.perf_counter() - began
+    print(f"{args.model}: {len(work)} requests, {report['workload']['output_tokens']} output "
+          f"tokens; checkpoint in {report['checkpoint_seconds']:.1f} s", flush=True)
+    save()
+    runners = {"optimized": lambda w, c, **kw: run_ours("optimized", ckpt, work, w, setup, c,
+                                                         **kw),
+               "reference": lambda w, c: run_ours("reference", ckpt, work, w, setup, c),
+               "hf_generate": lambda w, c: run_hf_generate(ckpt, work, w, setup, c),
+               "hf_generate_batch": lambda w, c: run_hf_generate_batch(ckpt, work, w, setup, c)}
+    tokens_of = {}
+    for i, name in enumerate(SYSTEMS):
+        left = deadline - time.perf_counter()
+        rest = SYSTEMS[i:]
+        share = SHARES[name] / sum(SHARES[s] for s in rest)
+        setup_s = sum(SETUP_S[s] for s in rest)
+        cap = DRY_CAPS[name] if args.dry_run else max(2.0, (left - setup_s) * share)
+        if name == "optimized":
+            warm = warmup_workload(setup["batch"], cfg.vocab_size)
+        elif name == "reference":
+            warm = warmup_workload(4, cfg.vocab_size, prompt=16)
+        else:
+            warm = warmup_workload(2, cfg.vocab_size, prompt=8)
+        print(f"  {LABELS[name]} (time limit {cap:.0f} s) ...", flush=True)
+        result, tokens = attempt(runners[name], warm, cap)
+        if not result["ok"] and name == "optimized" and not args.dry_run:
+            # CUDA graphs failing would fail every decode step: measure eagerly, still failed
+            left = deadline - time.perf_counter()
+            eager, tokens = attempt(runners[name], warm, max(2.0, (left - setup_s) * share),
+                                    enforce_eager=True)
+            if eager["ok"]:
+                result.update({k: v for k, v in eager.items() if k != "ok"}, eager_fallback=True)
+            else:
+                result["eager_error"] = eager["error"]
+        if tokens is not None:
+            tokens_of[name] = tokens
+            if "optimized" in tokens_of and name != "optimized":
+                result["agreement_with_optimized"] = same_tokens(tokens_of["optimized"], tokens)
+        report["systems"][name] = result
+        if result.get("tokens_per_s") is not None:
+            print(f"    {result['output_tokens']} tokens in {result['seconds']:.1f} s: "
+                  f"{result['tokens_per_s']:.0f} tok/s{' (partial)' if result['partial'] else ''}",
+                  flush=True)
+        else:
+            print(f"    failed: {result['error'][:300]}", flush=True)
+        save()
+    base = report["systems"].get("hf_generate", {})
+    for res in report["systems"].values():
+        if res.get("tokens_per_s") and base.get("tokens_per_s"):
+            res["ratio_to_generate"] = res["tokens_per_s"] / base["tokens_per_s"]
+    report["seconds"] = time.perf_counter() - began
+    save()
+    return report
+
+
+def copy_bandwidth(nbytes: int, device: str, reps: int) -> float:
+    """Bytes per second of a device-to-device copy, read + written (the memory system's own
+    number, as kernels_gpu.py measures it): the median of `reps` copies."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(min(reps, 3)):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    del src, dst
+    return 2 * nbytes / times[len(times) // 2]
+
+
+def decode_probe(ckpt: Path, setup: dict, enforce_eager: bool) -> dict:
+    """Time steady decode steps of the optimized engine: `batch` sequences of `context` prompt
+    tokens, all prefilled, then `steps` decode steps (after warm-up steps that capture the
+    graph); then the forward alone on the last step's inputs."""
+    from pagedllm.optimized import LLM
+    from pagedllm.reference.engine.sampling_params import SamplingParams
+    dev, batch, context, steps = (setup["device"], setup["batch"], setup["context"],
+                                  setup["steps"])
+    warm_steps = 0 if setup["dry_run"] else 3
+    new = warm_steps + steps + 8
+    max_len = context + new
+    llm = LLM(ckpt, dtype="bfloat16", device=dev, block_size=BLOCK_SIZE,
+              num_gpu_blocks=batch * -(-max_len // BLOCK_SIZE), max_num_seqs=batch,
+              max_model_len=max_len, enforce_eager=enforce_eager)
+    engine = llm.engine
+    cfg = engine.model.config
+    rng = np.random.default_rng(SEED)
+    for i in range(batch):
+        engine.add_request(f"d{i}", {"prompt_token_ids": rng.integers(
+            0, cfg.vocab_size - 1, context).tolist()},
+            SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
+    made = {}
+    while len(made) < batch or min(made.values()) < 1 or engine.scheduler.waiting:
+        for out in engine.step():  # the prefills (and a few decodes of the first prompts)
+            made[out.request_id] = len(out.outputs[0].token_ids)
+    for _ in range(warm_steps):
+        engine.step()
+    seen = []
+    engine.add_step_observer(lambda eng, sched, inputs: seen.append(inputs))
+    sync(dev)
+    began = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync(dev)
+    step_s = (time.perf_counter() - began) / steps
+    assert all(i.input_ids.shape[0] == batch for i in seen), "not a steady decode batch"
+    context_tokens = sum(int(i.attn_metadata.seq_lens_cpu.sum()) for i in seen) / len(seen)
+    runner = engine.runner
+    sync(dev)
+    began = time.perf_counter()
+    for _ in range(steps):  # the same step again: the same K/V rewritten in the same slots
+        runner.execute(seen[-1])
+    sync(dev)
+    forward_s = (time.perf_counter() - began) / steps
+    dtype_bytes = next(engine.model.parameters()).element_size()
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    result = {"batch": batch, "mean_context": context_tokens / batch,
+              "weight_bytes": unique_parameter_bytes(engine.model),
+              "kv_bytes": context_tokens * kv_per_token, "step_s": step_s,
+              "forward_s": forward_s, "enforce_eager": enforce_eager,
+              "graphs": sorted(runner.graphs)}
+    return result
+
+
+def decode_worker(args) -> dict:
+    began = time.perf_counter()
+    mode = "dry" if args.dry_run else "quick" if args.quick else "full"
+    dev = "cpu" if args.dry_run else "cuda"
+    setup = {**DECODE[mode], "device": dev, "dry_run": args.dry_run}
+    report = {"model": DECODE_MODEL, "setup": setup}
+    ckpt = write_checkpoint(Path(args.ckpt_root), DECODE_MODEL, args.dry_run, dev)
+    bandwidth = copy_bandwidth(setup["copy_bytes"], dev, 1 if args.dry_run else 10)
+    report["copy_bytes_per_s"] = bandwidth
+    probe, error = None, None
+    try:
+        probe = decode_probe(ckpt, setup, enforce_eager=False)
+    except Exception as exc:
+        if args.dry_run:
+            raise
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+    if probe is None:  # CUDA graphs failing: measure eagerly (the section still fails)
+        report["error"] = error
+        free_memory()
+        probe = decode_probe(ckpt, setup, enforce_eager=True)
+    floor_s = (probe["weight_bytes"] + probe["kv_bytes"]) / bandwidth
+    report.update(probe, floor_s=floor_s, step_share=floor_s / probe["step_s"],
+                  forward_share=floor_s / probe["forward_s"],
+                  seconds=time.perf_counter() - began)
+    Path(args.worker_out).write_text(json.dumps(report, indent=2))
+    print(f"decode: step {1e3 * probe['step_s']:.2f} ms, forward {1e3 * probe['forward_s']:.2f}"
+          f" ms, floor {1e3 * floor_s:.2f} ms", flush=True)
+    if "error" in report:
+        raise RuntimeError(f"CUDA graphs failed, measured eagerly: {report['error']}")
+    return report
+
+
+# == the orchestrator ===========================================================================
+class Run:
+    """The sections' rows, failures, budget and logs."""
+
+    def __init__(self, args):
+        self.args = args
+        self.mode = "dry" if args.dry_run else "quick" if args.quick else "full"
+        self.began = time.perf_counter()
+        self.budget = args.budget or BUDGET_S[self.mode]
+        self.rows: list[dict] = []
+        self.failures: list[str] = []
+        self.sections: dict[str, dict] = {}
+        self.log = None
+        if args.log:
+            Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+            self.log = open(args.log, "w")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.began
+
+    def limit(self, weight: float, weights_left: float) -> float:
+        """This section's seconds: its share of what is left of the budget."""
+        left = self.budget - self.elapsed()
+        return max(20.0, left * weight / weights_left)
+
+    def child(self, name: str, cmd: list[str], timeout: float) -> tuple[int | None, str]:
+        """Run a subprocess (this script's own trampolines) with a time limit; (exit status or
+        None when it ran out of time, its output)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+        print(f"[{self.elapsed():5.0f} s] {name}: running (limit {timeout:.0f} s)", flush=True)
+        began = time.perf_counter()
+        # Its own process group: at the time limit the child goes with everything it started
+        # (pytest-xdist's workers, say), so nothing is left running on the GPU.
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            rc = None
+        seconds = time.perf_counter() - began
+        if self.log:
+            self.log.write(f"\n===== {name}: exit {rc}, {seconds:.1f} s =====\n{out}")
+            self.log.flush()
+        status = "ran out of time" if rc is None else f"exit {rc}"
+        print(f"[{self.elapsed():5.0f} s] {name}: {status} after {seconds:.0f} s", flush=True)
+        if rc != 0:
+            tail = "\n".join(out.rstrip().splitlines()[-25:])
+            print(f"--- last lines of {name} ---\n{tail}\n---", flush=True)
+        return rc, out
+
+    def fail(self, what: str) -> None:
+        self.failures.append(what)
+
+    def row(self, section, item, result, goal="", status="ok"):
+        self.rows.append(dict(section=section, item=item, result=result, goal=goal,
+                              status=status))
+
+
+def this_script(*args) -> list[str]:
+    """This script in a new interpreter (-S again if this one ignores site: a test of a plain
+    checkout, no installed pagedllm)."""
+    return [sys.executable, *(["-S"] if sys.flags.no_site else []),
+            str(Path(__file__).resolve()), *map(str, args)]
+
+
+def section_tests(run: Run, timeout: float) -> None:
+    # pytest-xdist, where installed, spreads the tests (and their Triton compiles) over processes
+    xdist = not run.args.dry_run and importlib.util.find_spec("xdist") is not None
+    cmd = this_script("--pytest", "tests/gpu", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                      "-rfE", *(["-n", "4"] if xdist else []))
+    rc, out = run.child("tests", cmd, timeout)
+    counts = {}
+    summary = next((line for line in reversed(out.splitlines())
+                    if re.search(r"\d+ (passed|failed|errors?|skipped)", line)), "")
+    for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", summary):
+        counts[kind.rstrip("s") if kind.startswith("error") else kind] = int(n)
+    failed = [line.split(" ")[1] for line in out.splitlines()
+              if line.startswith(("FAILED ", "ERROR "))]
+    run.sections["tests"] = {"exit": rc, "counts": counts, "failed": failed}
+    text = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "error", "skipped"))
+    if rc is None:
+        text = "ran out of time; " + text
+    ok = rc == 0
+    if not ok:
+        run.fail(f"tests: {text}" + (f" ({', '.join(failed[:5])}"
+                                      f"{' ...' if len(failed) > 5 else ''})" if failed else ""))
+    run.row("tests", "pytest tests/gpu", text, status="ok" if ok else "FAILED")
+    for name in failed[:8]:
+        run.row("tests", "  " + name.split("::", 1)[-1][:44], "failed", status="FAILED")
+
+
+def section_kernels(run: Run, timeout: float, tmp: Path) -> None:
+    report = tmp / "kernels_gpu.json"
+    cmd = this_script("--script", "benchmarks/kernels_gpu.py", "--json", report,
+                      *(["--dry-run"] if run.args.dry_run else []))
+    rc, out = run.child("kernels", cmd, timeout)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    run.sections["kernels"] = {"exit": rc, **data}
+    goal_rows = [r for r in data.get("rows", []) if r.get("goal") is not None]
+    for r in goal_rows:
+        ratio = r["ours"] / r["baseline"] if r.get("ours") and r.get("baseline") else None
+        if ratio is None:
+            run.row("kernels", r["case"], "-", f">= {r['goal']:.2f}", "-")
+            continue
+        run.row("kernels", r["case"], f"{r['ours']:.0f} {r['unit']} = {ratio:.2f} of "
+                f"{r['baseline']:.0f}", f">= {r['goal']:.2f}",
+                "met" if ratio >= r["goal"] else "MISSED")
+    if not goal_rows:
+        rows = len(data.get("rows", []))
+        run.row("kernels", "kernels_gpu.py", f"{rows} rows" + (" (dry run: no goal rows)"
+                                                                if run.args.dry_run else ""),
+                status="ok" if rc == 0 else "FAILED")
+    if rc != 0:
+        why = "; ".join(data.get("failures", [])[:3]) or (
+            "ran out of time" if rc is None else f"exit {rc}")
+        run.fail(f"kernels: {why}")
+        if goal_rows:
+            run.row("kernels", "kernels_gpu.py", why[:60], status="FAILED")
+
+
+def worker_cmd(run: Run, kind: str, out: Path, budget: float, tmp: Path, model: str = ""):
+    args = ["--worker", kind, "--worker-out", out, "--budget", f"{budget:.0f}",
+            "--ckpt-root", tmp / "checkpoints"]
+    if model:
+        args += ["--model", model]
+    if run.args.dry_run:
+        args.append("--dry-run")
+    if run.args.quick:
+        args.append("--quick")
+    if run.args.requests:
+        args += ["--requests", run.args.requests]
+    return this_script(*args)
+
+
+def section_e2e(run: Run, model: str, timeout: float, tmp: Path) -> None:
+    out = tmp / f"e2e-{model}.json"
+    rc, _ = run.child(f"e2e {model}", worker_cmd(run, "e2e", out, timeout - GRACE_S, tmp, model),
+                      timeout)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    run.sections[f"e2e {model}"] = {"exit": rc, **data}
+    systems = data.get("systems", {})
+    if data.get("workload"):
+        w = data["workload"]
+        run.row("e2e", f"{model}: {w['requests']} req, {w['output_tokens']} out tok", "")
+    for name in SYSTEMS:
+        res = systems.get(name)
+        goal = f">= {GOAL_E2E:.0f}x gen" if name == "optimized" else ""
+        if res is None:
+            run.row("e2e", f"  {LABELS[name]}", "not run", goal, "FAILED")
+            continue
+        if res.get("tokens_per_s") is None:
+            run.row("e2e", f"  {LABELS[name]}", res.get("error", "?")[:60], goal, "FAILED")
+            continue
+        ratio = res.get("ratio_to_generate")
+        text = f"{res['tokens_per_s']:8.0f} tok/s"
+        if ratio is not None:
+            text += f" = {ratio:5.2f}x gen"
+        notes = [n for n, on in (("partial", res.get("partial")),
+                                 ("eager fallback", res.get("eager_fallback"))) if on]
+        if notes:
+            text += f" ({', '.join(notes)})"
+        status = "ok"
+        if name == "optimized" and ratio is not None and not run.args.dry_run:
+            status = "met" if ratio >= GOAL_E2E else "MISSED"
+        if not res.get("ok"):
+            status = "FAILED"
+        run.row("e2e", f"  {LABELS[name]}", text, goal, status)
+    errors = [f"{name}: {res['error']}" for name, res in systems.items() if not res.get("ok")]
+    missing = [n for n in SYSTEMS if n not in systems]
+    if rc != 0 or errors or missing:
+        why = "; ".join(errors)[:300] or ("ran out of time" if rc is None else f"exit {rc}")
+        run.fail(f"e2e {model}: {why}" + (f" (not run: {', '.join(missing)})" if missing else ""))
+
+
+def section_decode(run: Run, timeout: float, tmp: Path) -> None:
+    out = tmp / "decode.json"
+    rc, _ = run.child("decode", worker_cmd(run, "decode", out, timeout - GRACE_S, tmp), timeout)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    run.sections["decode"] = {"exit": rc, **data}
+    if not data.get("step_s"):
+        run.row("decode", DECODE_MODEL, "no measurement", f">= {GOAL_DECODE:.0%}", "FAILED")
+        run.fail(f"decode: {'ran out of time' if rc is None else f'exit {rc}'}")
+        return
+    gb = (data["weight_bytes"] + data["kv_bytes"]) / 1e9
+    eager = " (eager)" if data.get("enforce_eager") else ""
+    judged = not run.args.dry_run
+    share = data["step_share"]
+    run.row("decode", f"{DECODE_MODEL} {data['batch']} x {data['mean_context']:.0f} ctx, "
+            f"step{eager}", f"{1e3 * data['step_s']:.2f} ms; floor {1e3 * data['floor_s']:.2f}"
+            f" ms = {share:.0%}", f">= {GOAL_DECODE:.0%}",
+            ("met" if share >= GOAL_DECODE else "MISSED") if judged else "-")
+    run.row("decode", f"  forward alone{eager}", f"{1e3 * data['forward_s']:.2f} ms = "
+            f"{data['forward_share']:.0%} of floor")
+    run.row("decode", "  floor", f"{gb:.2f} GB at {data['copy_bytes_per_s'] / 1e12:.2f} TB/s "
+            "(copy)")
+    if rc != 0:
+        run.fail(f"decode: {data.get('error', f'exit {rc}')}")
+        run.rows[-3]["status"] = "FAILED"
+
+
+def print_table(run: Run, device: str) -> None:
+    mode = {"dry": "DRY RUN on the CPU: numbers are one call each, not measurements",
+            "quick": "quick", "full": "full"}[run.mode]
+    print(f"\n== gpu_check: {device}; torch {torch.__version__}; {mode}; "
+          f"{run.elapsed():.0f} s ==")
+    header = f"{'section':8}{'item':46}{'result':44}{'goal':13}status"
+    print(header)
+    print("-" * len(header))
+    for r in run.rows:
+        print(f"{r['section']:8}{r['item'][:45]:46}{r['result'][:43]:44}{r['goal']:13}"
+              f"{r['status']}")
+    print("-" * len(header))
+    for failure in run.failures:
+        print(f"FAILED {failure[:300]}")
+    print(f"gpu_check: {len(run.failures)} section(s) failed; "
+          f"{'exit 1' if run.failures else 'exit 0'}")
+
+
+def orchestrate(args) -> int:
+    if not args.dry_run and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    import pagedllm.reference
+    where = Path(pagedllm.reference.__file__).resolve()
+    if ROOT not in where.parents:
+        print(f"pagedllm.reference comes from {where}, not this checkout {ROOT}", file=sys.stderr)
+        return 2
+    device = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name()
+    run = Run(args)
+    print(f"gpu_check: {device}; pagedllm.reference from {where.parent}; budget "
+          f"{run.budget:.0f} s", flush=True)
+    models = [m for m in (args.models or ",".join(MODELS)).split(",") if m]
+    plan = []
+    if not args.skip_tests:
+        plan.append(("tests", WEIGHTS["tests"]))
+    plan.append(("kernels", WEIGHTS["kernels"]))
+    plan += [(f"e2e {m}", WEIGHTS["e2e"]) for m in models]
+    plan.append(("decode", WEIGHTS["decode"]))
+    with tempfile.TemporaryDirectory(prefix="pagedllm-gpu-check-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "checkpoints").mkdir()
+        for i, (name, weight) in enumerate(plan):
+            timeout = run.limit(weight, sum(w for _, w in plan[i:]))
+            try:
+                if name == "tests":
+                    section_tests(run, timeout)
+                elif name == "kernels":
+                    section_kernels(run, timeout, tmp)
+                elif name.startswith("e2e "):
+                    section_e2e(run, name[4:], timeout, tmp)
+                else:
+                    section_decode(run, timeout, tmp)
+            except Exception as exc:  # the orchestrator's own bug: the other sections still run
+                traceback.print_exc()
+                run.fail(f"{name}: {type(exc).__name__}: {exc}")
+                run.row(name.split(" ")[0], name, f"{type(exc).__name__}", status="FAILED")
+    if args.json:
+        report = dict(device=device, torch=torch.__version__, python=platform.python_version(),
+                      mode=run.mode, seconds=run.elapsed(), failures=run.failures,
+                      goals={"e2e_x_generate": GOAL_E2E, "decode_floor_share": GOAL_DECODE},
+                      rows=run.rows, sections=run.sections)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    if run.log:
+        run.log.close()
+        print(f"wrote {args.log}")
+    print_table(run, device)
+    return 1 if run.failures else 0
+
+
+def trampoline(argv: list[str]) -> int:
+    """The subprocesses' entry points, with this checkout importable: ``--pytest ARGS``
+    and ``--script PATH ARGS``."""
+    if argv[0] == "--pytest":
+        import pytest
+        return pytest.main(argv[1:])
+    import runpy
+    sys.argv = argv[1:]
+    try:
+        runpy.run_path(argv[1], run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("--pytest", "--script"):
+        return trampoline(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write every number here")
+    parser.add_argument("--log", help="write every subprocess's output here (default: beside "
+                                      "--json, .log)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="on the CPU, tiny shapes, every path once (about a minute)")
+    parser.add_argument("--skip-tests", action="store_true", help="leave out pytest tests/gpu")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{E2E['quick']['requests']} requests per model instead of "
+                             f"{E2E['full']['requests']}, a {BUDGET_S['quick']:.0f} s budget")
+    parser.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--requests", type=int, help="e2e requests per model (the batch size)")
+    parser.add_argument("--budget", type=float,
+                        help="seconds for the whole run (default: full "
+                             f"{BUDGET_S['full']:.0f}, quick {BUDGET_S['quick']:.0f})")
+    # a worker's own arguments (this script starts its workers)
+    parser.add_argument("--worker", choices=("e2e", "decode"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    parser.add_argument("--ckpt-root", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.models and (unknown := set(args.models.split(",")) - set(MODELS) - {""}):
+        parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    if args.worker:
+        if args.dry_run:
+            torch.set_num_threads(1)  # a shared CPU: one thread each, no waiting on the other
+        worker = e2e_worker if args.worker == "e2e" else decode_worker
+        worker(args)
+        return 0
+    if args.json and not args.log:
+        args.log = str(Path(args.json).with_suffix(".log"))
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
