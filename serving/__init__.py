@@ -1,1 +1,2 @@
-"""Serving: the command-line interface now; the OpenAI-compatible HTTP server in a later issue."""
+"""Serving: the command-line interface (``cli``) and the OpenAI-compatible HTTP server
+(``api_server`` over ``async_engine``, with ``protocol`` and ``metrics``)."""

@@ -5,6 +5,8 @@
     pagedllm chat                                  # talk to SmolLM2-135M-Instruct
     pagedllm generate --model smollm2-135m-instruct --chat "What is a KV cache?"
     pagedllm kv-size opt-13b llama-3-8b --tokens 2048
+    pagedllm serve                                 # an OpenAI-compatible server on :8000
+    pagedllm serve --model smollm2-135m-instruct --max-num-seqs 32
 """
 
 import argparse
@@ -21,6 +23,7 @@ from pagedllm.reference.engine.engine import KV_LAYOUTS
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
 
+from .args import add_serve_arguments
 from .default_model import default_model_dir
 
 DEMO_PROMPTS = ["The for statement is used to", "Return a list of the", "This module provides"]
@@ -193,6 +196,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": answer})
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .api_server import serve  # FastAPI and uvicorn load only for this command
+
+    try:
+        return serve(args)
+    except ValueError as err:
+        raise _flagged(err) from err
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -231,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--seed", type=int, default=0)
     chat.add_argument("--dtype", default="float32")
     chat.set_defaults(func=cmd_chat)
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (streaming, metrics)",
+                         description="Serve a model over HTTP with OpenAI's API: "
+                         "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.")
+    add_serve_arguments(srv)
+    srv.set_defaults(func=cmd_serve)
 
     kv = sub.add_parser("kv-size", help="KV-cache bytes per token for a model or preset")
     kv_size_cmd.add_arguments(kv)

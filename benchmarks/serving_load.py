@@ -1,0 +1,218 @@
+"""Load on the HTTP server: Poisson arrivals at several rates, measured from the client's side.
+
+Starts ``python -m pagedllm.serving`` on loopback (a subprocess, so that the clients and the
+server do not share one interpreter), then for each rate replays a ShareGPT-like trace
+(``reference/sim/traces.py``: log-normal prompt and output lengths, the paper's means divided
+by SCALE so that a CPU finishes in minutes) with Poisson arrivals of that many requests per
+second. Every request streams (``/v1/completions``, ``stream: true``) with its trace lengths: a
+prompt of that many token ids, ``max_tokens`` = its output length, ``ignore_eos`` so that it
+generates exactly that many. Per rate it reports:
+
+- throughput: requests and output tokens per second, from the first request sent to the last
+  one finished;
+- time to first token (TTFT): sending the request to receiving its first token, mean and p90;
+- normalized latency: a request's end-to-end latency divided by its output tokens, averaged
+  over requests (the PagedAttention paper's metric: seconds per token, queueing included).
+
+Each rate is bounded in requests (``--num-requests``) and in time (``--max-seconds``: no request
+is sent after it, and requests still running at twice it are dropped and counted).
+
+    python benchmarks/serving_load.py --quick                  # under two minutes
+    python benchmarks/serving_load.py --json /tmp/load.json    # the full size
+    python benchmarks/serving_load.py --quick --server-args="--max-num-seqs 8"
+
+As the rate passes what the engine can serve, the queue grows without bound: TTFT and
+normalized latency climb steeply while throughput levels off at the engine's capacity.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pagedllm.reference.sim.traces import SHAREGPT, LengthModel, synthetic_trace
+
+sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
+from bench_report import write_json  # noqa: E402
+
+SIZES = {  # name: (requests per rate, rates in requests/s, SCALE, seconds per rate at most)
+    "quick": (32, (2.0, 8.0, 32.0), 8, 16.0),
+    "full": (96, (2.0, 4.0, 8.0, 16.0, 32.0, 64.0), 8, 60.0),
+}
+MAX_LEN = 2048  # the paper's clip, divided by SCALE like the means
+SEED = 0
+
+
+@dataclass
+class Result:
+    sent: float  # seconds since the rate's start
+    first_token: float | None = None
+    finished: float | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+
+def start_server(server_args: list[str]) -> tuple[subprocess.Popen, str, str]:
+    command = [sys.executable, "-m", "pagedllm.serving", "--port", "0",
+               "--uvicorn-log-level", "warning", *server_args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    banner = proc.stdout.readline()
+    match = re.search(r"on (http://[^ ]+)/v1", banner)
+    if not match:
+        proc.kill()
+        rest = proc.stdout.read()
+        raise RuntimeError(f"the server did not start: {banner}{rest}")
+    return proc, match.group(1), banner.strip()
+
+
+async def one_request(client, url: str, model: str, prompt: list[int], output_len: int,
+                      start: float, result: Result) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]}"
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+                elif result.first_token is None and chunk.get("choices"):
+                    result.first_token = time.perf_counter() - start
+        result.finished = time.perf_counter() - start
+    except Exception as err:  # noqa: BLE001 - a failed request is counted, not fatal
+        result.error = f"{type(err).__name__}: {err}"
+
+
+async def run_rate(url: str, model: str, trace, vocab: int, rate: float, max_seconds: float,
+                   rng: np.random.Generator) -> dict:
+    import httpx
+
+    prompts = [rng.integers(1, vocab, r.prompt_len).tolist() for r in trace]
+    arrivals = [r.arrival / rate for r in trace]  # drawn at 1 request/s: rescaled
+    results: list[Result] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        start = time.perf_counter()
+        tasks = []
+        for request, prompt, at in zip(trace, prompts, arrivals, strict=True):
+            if at > max_seconds:
+                break
+            delay = at - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            result = Result(sent=time.perf_counter() - start)
+            results.append(result)
+            tasks.append(asyncio.ensure_future(one_request(
+                client, url, model, prompt, request.output_len, start, result)))
+        done, pending = await asyncio.wait(tasks, timeout=max(1.0, 2 * max_seconds - (
+            time.perf_counter() - start))) if tasks else (set(), set())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    ok = [r for r in results if r.finished is not None and r.error is None]
+    span = max(r.finished for r in ok) - min(r.sent for r in ok) if ok else float("nan")
+    ttft = np.array([r.first_token - r.sent for r in ok if r.first_token is not None])
+    normalized = np.array([(r.finished - r.sent) / r.output_tokens for r in ok
+                           if r.output_tokens])
+    tokens = sum(r.output_tokens for r in ok)
+    return {
+        "rate": rate, "sent": len(results), "completed": len(ok),
+        "failed": sum(r.error is not None for r in results), "dropped": len(pending),
+        "seconds": span, "requests_per_s": len(ok) / span if ok else 0.0,
+        "output_tokens_per_s": tokens / span if ok else 0.0,
+        "ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
+        "ttft_p90_s": float(np.percentile(ttft, 90)) if len(ttft) else None,
+        "normalized_latency_s_per_token": float(normalized.mean()) if len(normalized) else None,
+        "errors": [r.error for r in results if r.error][:3],
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| rate (req/s) | completed | req/s | output tok/s | TTFT mean (s) | TTFT p90 (s) "
+             "| normalized latency (s/token) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        def f(x, fmt):
+            return "n/a" if x is None else format(x, fmt)
+        lines.append(f"| {r['rate']:g} | {r['completed']}/{r['sent']} | "
+                     f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.0f} | "
+                     f"{f(r['ttft_mean_s'], '.3f')} | {f(r['ttft_p90_s'], '.3f')} | "
+                     f"{f(r['normalized_latency_s_per_token'], '.4f')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rates x 32 requests")
+    parser.add_argument("--rates", type=float, nargs="+", help="requests per second")
+    parser.add_argument("--num-requests", type=int, help="requests per rate")
+    parser.add_argument("--max-seconds", type=float, help="send for at most this long per rate")
+    parser.add_argument("--server-args", default="", help="flags for `pagedllm serve`, e.g. "
+                        "\"--tier reference --max-num-seqs 8\"")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    num, rates, scale, max_seconds = SIZES["quick" if args.quick else "full"]
+    num, rates = args.num_requests or num, args.rates or rates
+    max_seconds = args.max_seconds or max_seconds
+    model = LengthModel(f"sharegpt-like / {scale}", SHAREGPT.prompt_mean / scale,
+                        SHAREGPT.prompt_sigma, SHAREGPT.output_mean / scale,
+                        SHAREGPT.output_sigma)
+    trace = synthetic_trace(model, num, rate=1.0, seed=SEED, max_len=MAX_LEN // scale)
+    started = time.perf_counter()
+    proc, url, banner = start_server(args.server_args.split())
+    print(banner)
+    print(f"workload: {num} requests per rate, ShareGPT-like lengths / {scale} (prompt mean "
+          f"{np.mean([r.prompt_len for r in trace]):.0f}, output mean "
+          f"{np.mean([r.output_len for r in trace]):.0f} tokens), Poisson arrivals, streaming")
+    try:
+        import httpx
+
+        vocab = 4096
+        models = httpx.get(url + "/v1/models", timeout=30).json()["data"]
+        served = models[0]["id"]
+        config = Path(models[0]["root"]) / "config.json"
+        if config.is_file():
+            vocab = json.loads(config.read_text())["vocab_size"]
+        rows = []
+        for rate in rates:
+            rng = np.random.default_rng(SEED)  # the same prompts at every rate
+            row = asyncio.run(run_rate(url, served, trace, vocab, rate, max_seconds, rng))
+            rows.append(row)
+            print(f"  rate {rate:g}/s: {row['completed']}/{row['sent']} completed in "
+                  f"{row['seconds']:.1f} s", flush=True)
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    print()
+    print(table(rows))
+    preempted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                    if line.startswith("pagedllm:num_preemptions_total"))
+    print(f"\npreemptions during the run: {preempted:g}; total {time.perf_counter() - started:.0f}"
+          " s")
+    write_json({"benchmark": "serving_load", "server": banner, "server_args": args.server_args,
+                "size": "quick" if args.quick else "full", "requests_per_rate": num,
+                "scale": scale, "max_seconds": max_seconds, "rows": rows,
+                "preemptions": preempted, "cpu": platform.processor() or platform.machine(),
+                "cpu_count": os.cpu_count()}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

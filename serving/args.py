@@ -1,0 +1,54 @@
+"""The flags of ``pagedllm serve``: vLLM's names where the meaning matches (``vllm serve`` and
+its ``vllm.entrypoints.api_server``), so a vLLM command line carries over. Kept apart from the
+server so that the other commands start without importing FastAPI."""
+
+import argparse
+
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20  # 1 MiB: about 250,000 tokens of prompt text
+DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flag names where the meaning matches (``vllm serve`` / its api_server)."""
+    parser.add_argument("model_tag", nargs="?", help="the model, as --model")
+    parser.add_argument("--model", help="a checkpoint folder, a .gguf file or a model name such "
+                        "as smollm2-135m-instruct (default: the tiny model that ships with "
+                        "pagedllm)")
+    parser.add_argument("--served-model-name", help="the name clients use in 'model' (default: "
+                        "the --model value, or tiny-pydoc)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default "
+                        "127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    parser.add_argument("--tier", choices=("optimized", "reference"), default="optimized")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when "
+                        "available)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16",
+                                                            "bfloat16"),
+                        help="auto is float32, the dtype the engine is tested in")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-model-len", type=int, help="prompt + output tokens per request "
+                        "(default: the model's positions)")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--gpu-memory-utilization", type=float,
+                        help="optimized tier on CUDA: share of GPU memory to fill (default 0.9)")
+    parser.add_argument("--kv-cache-memory-bytes", type=int, help="bytes of KV cache (default "
+                        "256 MiB, or --gpu-memory-utilization on CUDA)")
+    parser.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks in the pool, "
+                        "whatever the memory settings say")
+    parser.add_argument("--swap-space", type=float, default=0.0, help="GiB of CPU memory for "
+                        "swapped-out KV blocks (vLLM's default is 4; here 0 unless "
+                        "--preemption-mode swap)")
+    parser.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
+    parser.add_argument("--enable-prefix-caching", action="store_true")
+    parser.add_argument("--enable-chunked-prefill", action="store_true")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="optimized tier: no CUDA graphs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="larger request bodies get 413")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                        help="seconds before a request is aborted (0: no limit)")
+    parser.add_argument("--uvicorn-log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug", "trace"))

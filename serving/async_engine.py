@@ -1,0 +1,263 @@
+"""AsyncLLMEngine: the engine behind a server. One thread steps it; asyncio streams the results.
+
+``LLMEngine.step()`` is CPU-bound (or waits on the GPU): run on the event loop it would freeze
+every connection for the length of a step. So one dedicated thread, the *engine thread*, owns
+the engine and is the only code that ever touches it. The event loop talks to it through a
+queue of commands, and it talks back through each request's ``asyncio.Queue``::
+
+    event loop (HTTP handlers)                  engine thread
+    --------------------------                  -------------
+    add_request(id, prompt, params)  -- "add" -->  at the step boundary: engine.add_request;
+       awaits acceptance (or the ValueError)  <--  the answer, via call_soon_threadsafe
+    async for out in stream              <-- RequestOutput --  engine.step(), every step
+    abort(id)  (client gone, timeout) -- "abort" -->  at the step boundary: engine.abort_request:
+                                                      its blocks are free for the next step
+
+Commands are applied only between steps, so a step never sees the request set change under
+it, and no lock is needed: the engine is single-threaded, as it was written to be. While no
+request is unfinished the thread sleeps on an Event instead of spinning.
+
+The engine thread also keeps the metrics: after every step it reads ``engine.stats()`` into the
+gauges and times each request's first token, the gaps between its tokens and its end.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pagedllm.reference.engine.outputs import RequestOutput
+
+from .metrics import ServerMetrics
+
+log = logging.getLogger("pagedllm.serving")
+
+
+class EngineStepError(RuntimeError):
+    """A step failed while this request was in it; the engine freed the request and goes on."""
+
+
+@dataclass
+class _Tracked:
+    """What the engine thread knows of one live request (engine thread only)."""
+
+    stream: "RequestStream"
+    arrival: float
+    prompt_len: int = 0
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+
+
+@dataclass
+class RequestStream:
+    """The outputs of one request, in order; the last one has ``finished`` set."""
+
+    request_id: str
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finished: bool = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+
+class AsyncLLMEngine:
+    """Serve an ``LLM`` (either tier) to many concurrent asyncio callers."""
+
+    def __init__(self, llm, metrics: ServerMetrics | None = None):
+        self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
+        self.metrics = metrics
+        self.max_model_len = self.engine.config.max_model_len
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._live: dict[str, _Tracked] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self.stats: dict = self.engine.stats()  # a snapshot, replaced after every step
+        self.steps = 0
+
+    # -- the event loop's side -------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort what is left and stop the thread (after the step in progress)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    async def add_request(self, request_id: str, prompt, params, arrival: float | None = None,
+                          queue: asyncio.Queue | None = None) -> RequestStream:
+        """Queue a request; returns its stream once the engine took it. A request the engine
+        refuses raises its ValueError / TypeError here, before anything is streamed. Several
+        requests may share one ``queue`` (a prompt list, or an HTTP request's n prompts): their
+        outputs then arrive on it interleaved, each tagged with its request_id."""
+        if not self.is_running:
+            raise RuntimeError("the engine thread is not running")
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, queue if queue is not None else asyncio.Queue())
+        accepted = loop.create_future()
+        self._send(("add", request_id, prompt, params, stream, accepted,
+                    arrival if arrival is not None else time.monotonic()))
+        try:
+            await accepted
+        except asyncio.CancelledError:  # the caller went away before the engine answered
+            self.abort(request_id)
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Remove a request at the next step boundary (a no-op if it already finished)."""
+        self._send(("abort", request_id))
+
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    # -- the engine thread -----------------------------------------------------------------------
+    # --8<-- [start:run]
+    def _run(self) -> None:
+        while True:
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait()
+            self._wake.clear()
+            self._apply_commands()
+            if self._stopping:
+                for request_id in list(self._live):
+                    self._abort(request_id)
+                self._snapshot()
+                return
+            if self.engine.has_unfinished_requests():
+                self._step()
+    # --8<-- [end:run]
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                self._add(*command[1:])
+            else:
+                self._abort(command[1])
+        # the snapshot is refreshed by the next step, or here when no step follows
+
+    def _add(self, request_id, prompt, params, stream, accepted, arrival) -> None:
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        except Exception as err:  # noqa: BLE001 - a refused request: the caller gets the error
+            self._call(_settle, accepted, err)
+            return
+        group = self.engine.groups[request_id]
+        tracked = _Tracked(stream, arrival, prompt_len=len(group.seqs[0].prompt_token_ids))
+        self._live[request_id] = tracked
+        self._call(_settle, accepted, None)
+        if not self.engine.has_unfinished_requests():
+            self._snapshot()
+
+    def _abort(self, request_id: str) -> None:
+        tracked = self._live.pop(request_id, None)
+        if request_id in self.engine.groups:
+            self.engine.abort_request(request_id)  # its blocks go back to the pool now
+        if tracked is not None and self.metrics is not None:
+            self.metrics.finished["abort"].inc()
+        self._snapshot()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as err:  # noqa: BLE001 - the engine freed the step's requests
+            log.exception("an engine step failed; its requests end with an error")
+            for request_id in [r for r in self._live if r not in self.engine.groups]:
+                tracked = self._live.pop(request_id)
+                if self.metrics is not None:
+                    self.metrics.finished["error"].inc()
+                self._call(tracked.stream.queue.put_nowait,
+                           EngineStepError(f"the engine step failed: {err}"))
+            self._snapshot()
+            return
+        self.steps += 1
+        now = time.monotonic()
+        deliveries = []
+        for out in outputs:
+            tracked = self._live.get(out.request_id)
+            if tracked is None:
+                continue  # aborted while the step ran
+            self._account(tracked, out, now)
+            if out.finished:
+                del self._live[out.request_id]
+            deliveries.append((tracked.stream.queue, out))
+        if deliveries:
+            self._call(_deliver, deliveries)
+        self._snapshot()
+
+    def _account(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
+        m = self.metrics
+        tokens = sum(len(c.token_ids) for c in out.outputs)
+        new = tokens - tracked.tokens
+        tracked.tokens = max(tokens, tracked.tokens)
+        if m is None:
+            return
+        if new > 0:
+            if tracked.first_token is None:
+                tracked.first_token = now
+                m.ttft.observe(now - tracked.arrival)
+                m.prompt_tokens.inc(tracked.prompt_len)
+            else:
+                m.tpot.observe(now - tracked.last_token)
+            tracked.last_token = now
+            m.generation_tokens.inc(new)
+        if out.finished:
+            m.e2e.observe(now - tracked.arrival)
+            m.request_prompt_tokens.observe(tracked.prompt_len)
+            m.request_generation_tokens.observe(tracked.tokens)
+            reasons = [c.finish_reason for c in out.outputs]
+            reason = "length" if "length" in reasons else (reasons[0] or "stop")
+            m.finished.get(reason, m.finished["stop"]).inc()
+
+    def _snapshot(self) -> None:
+        self.stats = stats = self.engine.stats()
+        if self.metrics is not None:
+            self.metrics.update_from_stats(stats)
+
+    def _call(self, fn, *args) -> None:
+        """Run fn(*args) on the event loop (asyncio objects are not thread-safe)."""
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed: nobody is listening any more
+            pass
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _deliver(deliveries: list) -> None:
+    for q, out in deliveries:
+        q.put_nowait(out)

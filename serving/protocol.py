@@ -1,0 +1,161 @@
+"""The HTTP API's shapes: OpenAI's request and response bodies, and its error body.
+
+Requests are validated strictly (``"max_tokens": "16"`` is refused, not read as 16), and an
+unknown field is ignored, as OpenAI's own clients send fields this engine has no use for
+(``user``, ``logit_bias`` at its default, ...). A field the engine cannot honour at a
+non-default value (``presence_penalty``, ``echo``, ...) is refused with a 400 naming it rather
+than silently ignored.
+
+Every error answers with OpenAI's error body, which the ``openai`` client turns into its
+exceptions (``openai.BadRequestError`` and friends)::
+
+    {"error": {"message": "top_p must be in (0, 1], got 2.0", "type": "invalid_request_error",
+               "param": "top_p", "code": null}}
+"""
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               408: "timeout_error", 413: "invalid_request_error", 500: "internal_server_error"}
+
+
+class APIError(Exception):
+    """An answer other than 200: its status code, message and the request field it concerns."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"),
+                      "param": param, "code": status}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None  # None: the served model
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # vLLM's extension; 0 and -1 both mean "all tokens"
+    min_tokens: int = 0  # vLLM's extension
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM's extension
+    ignore_eos: bool = False  # vLLM's extension: benchmarks ask for exact output lengths
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0  # not implemented: refused unless 0
+    frequency_penalty: float = 0.0  # not implemented: refused unless 0
+    best_of: int | None = None  # not implemented: refused unless None or n
+    user: str | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None  # top logprobs per token (OpenAI allows up to 5; we allow more)
+    echo: bool = False  # not implemented: refused unless False
+    suffix: str | None = None  # not implemented: refused unless None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_dict(self) -> dict:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None  # None: up to max_model_len
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True  # vLLM's extension
+
+
+UNSUPPORTED = {  # field: (the value that is accepted, what to say)
+    "presence_penalty": (0.0, "presence_penalty is not supported by this engine; leave it at 0"),
+    "frequency_penalty": (0.0, "frequency_penalty is not supported by this engine; leave it at "
+                               "0"),
+    "echo": (False, "echo is not supported by this engine"),
+    "suffix": (None, "suffix is not supported by this engine"),
+}
+
+
+def parse_request(cls: type[_Request], data: Any) -> _Request:
+    """A request model from decoded JSON, or an APIError(400) naming the first bad field."""
+    if not isinstance(data, dict):
+        raise APIError(400, f"the request body must be a JSON object, got "
+                            f"{type(data).__name__}")
+    try:
+        request = cls.model_validate(data, strict=True)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = field_path(first["loc"])
+        if first["type"] == "missing":
+            raise APIError(400, f"{param} is required", param) from None
+        got = first.get("input")
+        raise APIError(400, f"{param}: {first['msg']}, got {got!r:.60}", param) from None
+    for name, (default, message) in UNSUPPORTED.items():
+        if name in cls.model_fields and getattr(request, name) != default:
+            raise APIError(400, message, name)
+    if request.best_of is not None and request.best_of != request.n:
+        raise APIError(400, "best_of is not supported by this engine; use n", "best_of")
+    return request
+
+
+def field_path(loc: tuple) -> str:
+    """('messages', 0, 'content', 'str') -> 'messages[0].content': the field as a user wrote it.
+    pydantic adds the name of each union member it tried; those are not fields."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in ("str", "list[int]", "list[str]", "list[list[int]]", "list[TextPart]",
+                      "int", "float", "bool", "none", "function-after") or "[" in str(part):
+            break  # a union member's name: the field ends here
+        else:
+            path += ("." if path else "") + str(part)
+    return path or "body"
+
+
+# -- responses ---------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,21 @@
+"""The load script at a tiny size: it starts a server, runs a rate, reports every column."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_load.py"
+
+
+def test_serving_load_runs(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("serving_load", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "load.json"
+    assert module.main(["--quick", "--rates", "16", "--num-requests", "6", "--max-seconds", "10",
+                        "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["completed"] == row["sent"] == 6 and row["failed"] == row["dropped"] == 0
+    assert row["output_tokens_per_s"] > 0 and row["ttft_mean_s"] > 0
+    assert row["normalized_latency_s_per_token"] > 0
+    assert "| 16 | 6/6 |" in capsys.readouterr().out
