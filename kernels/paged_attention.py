@@ -195,11 +195,13 @@ def _paged_attention_kernel(
         kv_lo = tl.maximum(context_len + q_block * BLOCK_Q - window + 1, 0)
     tile_lo = kv_lo // TILE_N
     tile_hi = tl.cdiv(kv_hi, TILE_N)
+    # --8<-- [end:key_range]
+    # --8<-- [start:split_range]
     if NUM_SPLITS > 1:
         per_split = tl.cdiv(tile_hi - tile_lo, NUM_SPLITS)
         tile_lo = tile_lo + split * per_split
         tile_hi = tl.minimum(tile_hi, tile_lo + per_split)
-    # --8<-- [end:key_range]
+    # --8<-- [end:split_range]
 
     # --8<-- [start:tile_loop]
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
@@ -208,6 +210,7 @@ def _paged_attention_kernel(
     table = block_tables_ptr + seg.to(tl.int64) * stride_bt
     offs_n = tl.arange(0, TILE_N)
 
+    # --8<-- [start:tile_addresses]
     for tile in range(tile_lo, tile_hi):
         k_pos = tile * TILE_N + offs_n  # key positions of this tile
         k_ok = k_pos < kv_hi  # never a slot at or past seq_len
@@ -222,6 +225,7 @@ def _paged_attention_kernel(
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
+        # --8<-- [end:tile_addresses]
 
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])

@@ -118,48 +118,103 @@ def summary(res: dict) -> dict:
     }
 
 
+LOW_TOP = 40  # the lower axes show 0-40 tokens: a 4-token decode bar is a tenth of their height
+HIGH = (185, 270)  # the cut-off upper axes of the whole-prompt run: the 200-token step, budget 256
+
+
 def plot(results: dict, path: Path) -> None:
+    """Two runs, one above the other, on a y-axis of 0-40 tokens, where a decode bar of 4 tokens
+    is plainly visible. The whole-prompt run's 200-token step and its 256-token budget do not fit
+    there: its axis is broken, with a short upper part for 185-270 tokens."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n_steps = max(len(r["steps"]) for r in results.values())
-    fig, axes = plt.subplots(2, 1, figsize=(12, 7.8), sharex=True)
-    for ax, (title, res) in zip(axes, results.items(), strict=True):
-        steps, s = res["steps"], summary(res)
+    fig, (high, low_whole, low_chunked) = plt.subplots(
+        3, 1, figsize=(12, 8.6), sharex=True, gridspec_kw={"height_ratios": [1, 2, 2.4]})
+    (whole_title, whole), (chunked_title, chunked) = results.items()
+
+    def bars(ax, steps):
         x = [r["step"] for r in steps]
         bottom = [0] * len(steps)
         for kind, color in COLORS.items():
             vals = [r["tokens"][kind] for r in steps]
             ax.bar(x, vals, bottom=bottom, width=0.8, color=color, label=kind)
             bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
-        for r in steps:  # how many running requests got their next token this step
+        return bottom
+
+    def decode_counts(ax, steps):  # how many running requests got their next token this step
+        for r in steps:
             d = r["tokens"]["decode"]
-            ax.text(r["step"], -14, str(d), ha="center", va="center", fontsize=8,
+            ax.text(r["step"], -4.5, str(d), ha="center", va="center", fontsize=8,
                     color="#1a4480" if d else "#c53030", fontweight="bold")
-        ax.text(-0.6, -14, "decodes:", ha="right", va="center", fontsize=8)
-        ax.axhline(s["budget"], color="black", linestyle="--", linewidth=1)
-        ax.text(n_steps - 0.5, s["budget"] + 5, f"token budget per step: {s['budget']}",
-                ha="right", fontsize=9)
-        ax.axvline(LONG_ARRIVES - 0.5, color="#555555", linestyle=":", linewidth=1)
-        ax.text(LONG_ARRIVES - 0.8, 150, f"the {LONG_PROMPT}-token\nprompt arrives",
-                ha="right", va="center", fontsize=9, color="#555555")
-        first = res["first_token_step"]["long"]
-        ax.annotate(f"its first token: step {first}", xy=(first + 0.2, bottom[first] + 3),
-                    xytext=(first + 3, min(bottom[first] + 60, 225)), fontsize=9, color="#9a5200",
-                    arrowprops={"arrowstyle": "->", "color": "#9a5200"})
+        ax.text(-0.6, -4.5, "decodes:", ha="right", va="center", fontsize=8)
+
+    def title(ax, name, res):
+        s = summary(res)
         stalled = s["steps_without_any_decode_after_step_0"]
-        ax.set_title(f"{title}\nlargest step after the arrival: "
+        ax.set_title(f"{name}\nlargest step after the arrival: "
                      f"{s['max_tokens_in_a_step_after_arrival']} tokens; steps in which the "
                      f"running requests get no token: {stalled or 'none'}; "
                      f"all done after {s['steps']} steps", fontsize=10.5, loc="left")
-        ax.set_ylim(-22, 280)
-        ax.set_ylabel("tokens computed in the step")
-        ax.legend(loc="upper right", fontsize=9, framealpha=0.95, bbox_to_anchor=(1, 0.9))
-    axes[-1].set_xlim(-2.5, n_steps)
-    axes[-1].set_xlabel("engine step")
+
+    def arrival(ax, y):
+        ax.axvline(LONG_ARRIVES - 0.5, color="#555555", linestyle=":", linewidth=1)
+        if y is not None:
+            ax.text(LONG_ARRIVES - 0.8, y, f"the {LONG_PROMPT}-token\nprompt arrives",
+                    ha="right", va="center", fontsize=9, color="#555555")
+
+    def first_token(ax, res, top, text_y):
+        first = res["first_token_step"]["long"]
+        ax.annotate(f"its first token: step {first}", xy=(first + 0.2, top[first] + 0.5),
+                    xytext=(first + 3, text_y), fontsize=9, color="#9a5200",
+                    arrowprops={"arrowstyle": "->", "color": "#9a5200"})
+
+    # The whole-prompt run: the same bars on both parts of its broken axis.
+    for ax in (high, low_whole):
+        top = bars(ax, whole["steps"])
+        arrival(ax, 24 if ax is low_whole else None)
+    budget = summary(whole)["budget"]
+    high.axhline(budget, color="black", linestyle="--", linewidth=1)
+    high.text(n_steps - 0.5, budget - 10, f"token budget per step: {budget}", ha="right",
+              fontsize=9)
+    first_token(high, whole, top, 225)
+    high.set_ylim(*HIGH)
+    low_whole.set_ylim(-8, LOW_TOP)
+    high.spines["bottom"].set_visible(False)
+    low_whole.spines["top"].set_visible(False)
+    high.tick_params(bottom=False)
+    for ax, y in ((high, 0), (low_whole, 1)):  # the diagonal marks of a cut axis
+        ax.plot([0, 1], [y, y], transform=ax.transAxes, linestyle="none", marker=[(-1, -0.6),
+                (1, 0.6)], markersize=10, color="black", clip_on=False)
+    title(high, whole_title, whole)
+    decode_counts(low_whole, whole["steps"])
+    low_whole.legend(loc="upper right", fontsize=9, framealpha=0.95)
+    low_whole.set_ylabel("tokens computed in the step", y=0.75)
+
+    # The chunked run fits the lower scale whole.
+    top = bars(low_chunked, chunked["steps"])
+    arrival(low_chunked, 24)
+    budget = summary(chunked)["budget"]
+    low_chunked.axhline(budget, color="black", linestyle="--", linewidth=1)
+    low_chunked.text(n_steps - 0.5, budget + 1.2, f"token budget per step: {budget}",
+                     ha="right", fontsize=9)
+    first_token(low_chunked, chunked, top, 22)
+    low_chunked.set_ylim(-8, LOW_TOP)
+    title(low_chunked, chunked_title, chunked)
+    decode_counts(low_chunked, chunked["steps"])
+    low_chunked.set_ylabel("tokens computed in the step")
+    low_chunked.set_xlim(-2.5, n_steps)
+    low_chunked.set_xlabel("engine step")
+    for ax in (low_whole, low_chunked):
+        ax.set_yticks([0, 10, 20, 30, 40])
     fig.tight_layout()
+    fig.subplots_adjust(hspace=0.05)
+    # tight_layout packs the chunked run's title against the axes above: move that panel down.
+    pos = low_chunked.get_position()
+    low_chunked.set_position([pos.x0, pos.y0, pos.width, pos.height - 0.07])
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from .validation import check_float, check_int
 
 
+# --8<-- [start:params]
 @dataclass
 class SamplingParams:
     n: int = 1  # samples per prompt (parallel sampling)
@@ -20,6 +21,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # return the top-k logprobs of every generated token
     stop_strings: list[str] = field(init=False, repr=False)
+    # --8<-- [end:params]
 
     def __post_init__(self):
         check_int("n", self.n, low=1)

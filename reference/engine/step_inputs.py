@@ -52,6 +52,7 @@ def _sample_indices(item: ScheduledSeq) -> list[int]:
     return [seq.index]
 
 
+# --8<-- [start:sampling_row]
 def _sampling_row(item: ScheduledSeq, index: int, eos_token_id: int | None) -> SamplingRow:
     group, seq, params = item.group, item.seq, item.group.sampling_params
     if group.is_beam_search:
@@ -64,6 +65,7 @@ def _sampling_row(item: ScheduledSeq, index: int, eos_token_id: int | None) -> S
     return SamplingRow(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                        stream=group.stream_for(index), position=len(seq.output_token_ids),
                        blocked_token_ids=blocked, num_logprobs=params.logprobs or 0)
+# --8<-- [end:sampling_row]
 
 
 # --8<-- [start:prepare_inputs]

@@ -54,7 +54,9 @@ class BlockPool:
         block = self.free_list.popleft()
         self.ref_counts[block] = 1
         return block
+    # --8<-- [end:pool]
 
+    # --8<-- [start:ref_counts]
     def share(self, block: int) -> None:
         assert self.ref_counts[block] > 0, f"sharing {self.device} block {block}, which is free"
         self.ref_counts[block] += 1
@@ -64,7 +66,7 @@ class BlockPool:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             self.free_list.append(block)
-# --8<-- [end:pool]
+    # --8<-- [end:ref_counts]
 
 
 @dataclass
@@ -168,8 +170,10 @@ class BlockSpaceManager:
 # --8<-- [end:manager]
 
     # -- decode: one more slot ---------------------------------------------------------------
+    # --8<-- [start:last_block_has_room]
     def _last_block_has_room(self, table: BlockTable) -> bool:
         return table.num_tokens < len(table.blocks) * self.block_size
+    # --8<-- [end:last_block_has_room]
 
     def append_needs_block(self, seq_id: int) -> bool:
         """Does the sequence's next token need a free block (its last is full, or shared)?"""

@@ -54,6 +54,7 @@ class LlamaAttention(nn.Module):
         self.scale = cfg.head_dim**-0.5
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        # --8<-- [start:store_and_fetch]
         T, ops = x.shape[0], attn.backend
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # [T, heads, head_dim]
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, kv_heads, head_dim]
@@ -61,7 +62,6 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:  # Qwen3: an RMSNorm over each head's features
             q = self.q_norm(q, ops=ops)[0]
             k = self.k_norm(k, ops=ops)[0]
-        # --8<-- [start:store_and_fetch]
         q, k = ops.rotary(q, k, positions, self.inv_freq)  # K is stored already rotated
         out = attn.attend(self.layer_idx, q, k, v, positions, self.scale,
                           self.sliding_window)  # [T, heads, head_dim]

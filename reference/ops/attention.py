@@ -35,6 +35,7 @@ def causal_attention(
     """
     T, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
+    # --8<-- [start:gqa_layout]
     # Grouped-query attention: each K/V head serves a group of num_heads // num_kv_heads query
     # heads. Laying the queries out as [kv_heads, group * T, head_dim] lets every query of a
     # group meet its K/V head in one matrix product, without copying K/V once per query head.
@@ -42,6 +43,7 @@ def causal_attention(
     q = q.view(T, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [kvh, group, T, hd]
     q = q.reshape(num_kv_heads, group * T, head_dim)
     scores = torch.bmm(q, k.permute(1, 2, 0)) * scale  # [kv_heads, group * T, S]
+    # --8<-- [end:gqa_layout]
     visible = k_positions[None, :] <= q_positions[:, None]  # [T, S]
     if sliding_window is not None:
         visible &= k_positions[None, :] > q_positions[:, None] - sliding_window

@@ -149,6 +149,7 @@ def _blocked_mask(blocked_token_ids: torch.Tensor, vocab_size: int) -> torch.Ten
     return mask.scatter_(1, ids, True)[:, :vocab_size]  # [S, vocab], spare column dropped
 
 
+# --8<-- [start:cut]
 def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor) -> torch.Tensor:
     """Temperature-scaled logits [S, vocab] -> the renormalised distribution [S, vocab] float64
@@ -191,17 +192,20 @@ def _cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torc
     cut_p = (top_p < 1)[:, None] & (mass_above >= top_p.double()[:, None])  # [R, vocab]
     sorted_probs = sorted_probs.masked_fill(cut_p, 0.0)
     return torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)  # vocab order
+# --8<-- [end:cut]
 
 
 # --8<-- [start:sample]
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     """logits [S, vocab] -> one token per row, its logprob and the rows' top logprobs."""
+    # --8<-- [start:raw_logprobs]
     logits = logits.float()  # [S, vocab]
     S, vocab = logits.shape
     logprobs = torch.log_softmax(logits, dim=-1)  # [S, vocab], reported as is
 
     blocked = _blocked_mask(metadata.blocked_token_ids, vocab)  # [S, vocab]
     logits = logits.masked_fill(blocked, float("-inf"))
+    # --8<-- [end:raw_logprobs]
 
     greedy = metadata.temperature < GREEDY_BELOW  # [S]
     greedy_tokens = torch.argmax(logits, dim=-1)  # [S], first index on ties

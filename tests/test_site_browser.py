@@ -1,0 +1,237 @@
+"""The lessons site as a reader's browser shows it, offline.
+
+Builds the site into a temporary folder, serves it on 127.0.0.1 and opens every page in headless
+Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by selenium). On every page:
+
+* no JavaScript error (no SEVERE entry in the browser's console log, no failed load);
+* every formula typeset: each arithmatex span holds a MathJax container, no MathJax error, no
+  raw ``\\(``, ``\\[`` or ``$$`` left in the text, and no literal backslash in the typeset math
+  (``\\text{block\\_size}`` shows one);
+* every mermaid diagram drawn (an ``<svg>`` inside each ``div.mermaid``), in the light and in the
+  dark palette, with every node's label readable on its fill (contrast of at least 4.5:1);
+* every image loaded (``naturalWidth > 0``);
+* no request leaves 127.0.0.1: the host resolver maps every other name to nothing, and every
+  request the page makes (the DevTools ``Network.requestWillBeSent`` events of the performance
+  log) is checked.
+
+Skips where Chromium, its driver or selenium is absent; ``.ci/run`` installs Chromium first so
+that CI always runs it.
+"""
+
+import functools
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if
+                 p and Path(p).is_file()), None)
+CHROMEDRIVER = next((p for p in ("/usr/bin/chromedriver", shutil.which("chromedriver") or "")
+                     if p and Path(p).is_file()), None)
+
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip("Chromium and its driver are absent (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver",
+                                reason="selenium is absent (pip install -e '.[dev]')")
+
+LOCAL_SCHEMES = {"data", "blob", "about"}
+MIN_CONTRAST = 4.5  # WCAG AA for normal text
+
+# Waits for MathJax's startup, every mermaid diagram (in the palette given) and every image, then
+# reports what the page shows. Runs as an async script: the last argument is the callback.
+INSPECT = r"""
+const done = arguments[arguments.length - 1];
+const theme = arguments[0];
+const deadline = Date.now() + 20000;
+function until(test) {
+  return new Promise((resolve) => {
+    (function poll() {
+      if (test() || Date.now() > deadline) resolve();
+      else setTimeout(poll, 50);
+    })();
+  });
+}
+const diagrams = () => [...document.querySelectorAll("div.mermaid")];
+const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.startup.promise;
+Promise.all([
+  mathjax ? mathjax.catch(() => null) : Promise.resolve(),
+  until(() => diagrams().every((d) => d.dataset.theme === theme && d.querySelector("svg"))),
+  until(() => [...document.images].every((img) => img.complete)),
+]).then(() => {
+  const rgb = (css) => {
+    const m = css && css.match(/rgba?\(([\d.]+),\s*([\d.]+),\s*([\d.]+)(?:,\s*([\d.]+))?/);
+    return m && (m[4] === undefined || +m[4] > 0) ? [+m[1], +m[2], +m[3]] : null;
+  };
+  const luminance = (c) => {
+    const [r, g, b] = c.map((v) => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const contrast = (a, b) => {
+    const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+    return (hi + 0.05) / (lo + 0.05);
+  };
+  const lowContrast = [];
+  for (const node of document.querySelectorAll("div.mermaid g.node")) {
+    const shape = node.querySelector("rect, polygon, path, circle, ellipse");
+    const label = node.querySelector(".nodeLabel") || node.querySelector("text");
+    if (!shape || !label) continue;
+    const fill = rgb(getComputedStyle(shape).fill);
+    const ink = label.namespaceURI === "http://www.w3.org/2000/svg"
+      ? rgb(getComputedStyle(label).fill) : rgb(getComputedStyle(label).color);
+    if (!fill || !ink) continue;
+    const ratio = contrast(fill, ink);
+    if (ratio < %(min_contrast)s) {
+      lowContrast.push(`${label.textContent.trim()} (${ratio.toFixed(2)}:1)`);
+    }
+  }
+  const article = document.querySelector("article") || document.body;
+  const prose = article.cloneNode(true);
+  prose.querySelectorAll("pre, code, script, style, mjx-container").forEach((e) => e.remove());
+  const text = prose.textContent;
+  done({
+    arithmatex: document.querySelectorAll(".arithmatex").length,
+    untypeset: [...document.querySelectorAll(".arithmatex")]
+      .filter((e) => !e.querySelector("mjx-container")).map((e) => e.textContent.slice(0, 80)),
+    mathErrors: [...document.querySelectorAll("mjx-merror, [data-mjx-error]")]
+      .map((e) => e.getAttribute("data-mjx-error") || e.textContent.slice(0, 80)),
+    backslashMath: [...document.querySelectorAll("mjx-assistive-mml")]
+      .map((e) => e.textContent).filter((t) => t.includes("\\")).map((t) => t.slice(0, 80)),
+    rawTex: ["\\(", "\\[", "$$"].filter((s) => text.includes(s)),
+    diagrams: diagrams().length,
+    undrawn: diagrams().filter((d) => !d.querySelector("svg"))
+      .map((d) => (d.dataset.source || d.textContent).slice(0, 60)),
+    lowContrast: lowContrast,
+    images: document.images.length,
+    brokenImages: [...document.images]
+      .filter((i) => !i.complete || i.naturalWidth === 0).map((i) => i.src),
+  });
+});
+""".replace("%(min_contrast)s", str(MIN_CONTRAST))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--quiet", "-d", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,900", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-default-apps",
+                "--disable-extensions", "--mute-audio",
+                # Every name but 127.0.0.1 resolves to nothing: a request that would leave the
+                # machine fails (and shows in the logs below) instead of reaching the network.
+                '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    driver.set_script_timeout(40)
+    yield driver
+    driver.quit()
+
+
+def _pages(site: Path) -> list[str]:
+    pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
+    return [p.removesuffix("index.html") for p in pages]
+
+
+def _requests(driver) -> list[str]:
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def _external(urls: list[str], origin: str) -> list[str]:
+    return [u for u in urls
+            if urlsplit(u).scheme not in LOCAL_SCHEMES and not u.startswith(origin + "/")]
+
+
+def test_every_page_offline(site, server, browser):
+    pages = _pages(site)
+    assert "" in pages and len(pages) >= 10, f"the site has too few pages: {pages}"
+    problems = []
+    totals = {"arithmatex": 0, "diagrams": 0, "images": 0}
+    for page in pages:
+        url = f"{server}/{page}"
+        browser.get(url)
+        seen = [browser.execute_async_script(INSPECT, "default")]
+        if seen[0]["diagrams"]:  # the dark palette redraws the diagrams in mermaid's dark theme
+            browser.execute_script(
+                "document.body.setAttribute('data-md-color-scheme', 'slate')")
+            seen.append(browser.execute_async_script(INSPECT, "dark"))
+        requests = _requests(browser)
+        errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+        where = page or "index"
+        if errors:
+            problems.append(f"{where}: JavaScript errors or failed loads: {errors}")
+        outside = _external(requests, server)
+        if outside:
+            problems.append(f"{where}: requests leave 127.0.0.1: {outside}")
+        first = seen[0]
+        if first["untypeset"]:
+            problems.append(f"{where}: formulas left as TeX: {first['untypeset']}")
+        if first["rawTex"]:
+            problems.append(f"{where}: raw TeX delimiters {first['rawTex']} in the text")
+        if first["mathErrors"]:
+            problems.append(f"{where}: MathJax errors: {first['mathErrors']}")
+        if first["backslashMath"]:
+            problems.append(f"{where}: typeset formulas show a literal backslash (write "
+                            f"\\text{{block_size}}, not \\text{{block\\_size}}): "
+                            f"{first['backslashMath']}")
+        for palette, result in zip(("light", "dark"), seen, strict=False):
+            if result["undrawn"]:
+                problems.append(f"{where}: mermaid diagrams not drawn ({palette}): "
+                                f"{result['undrawn']}")
+            if result["lowContrast"]:
+                problems.append(f"{where}: diagram labels hard to read on their fill "
+                                f"({palette} palette, below {MIN_CONTRAST}:1): "
+                                f"{result['lowContrast']}")
+        if first["brokenImages"]:
+            problems.append(f"{where}: images not loaded: {first['brokenImages']}")
+        for key in totals:
+            totals[key] += first[key]
+
+    assert not problems, "\n".join(problems)
+    # The checks saw something: the lessons have formulas, diagrams and figures.
+    assert all(totals.values()), f"nothing of some kind was checked: {totals}"
