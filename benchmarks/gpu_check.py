@@ -307,15 +307,13 @@ def run_hf_generate(ckpt: Path, work, warm, setup: dict, cap: float) -> tuple[Re
     dev, batch = setup["device"], setup["batch"]
     model = load_hf(ckpt, dev)
 
+    from throughput_cpu import left_padded  # benchmarks/ is this script's folder
+
     @torch.inference_mode()
     def generate(items, seconds=None):
-        longest = max(len(ids) for ids, _ in items)
         new = max(n for _, n in items)
-        ids = torch.zeros(len(items), longest, dtype=torch.long)  # left padding
-        mask = torch.zeros(len(items), longest, dtype=torch.long)
-        for row, (prompt, _) in enumerate(items):
-            ids[row, longest - len(prompt):] = torch.tensor(prompt)
-            mask[row, longest - len(prompt):] = 1
+        ids, mask = left_padded([prompt for prompt, _ in items])
+        longest = ids.shape[1]
         kw = {"max_time": seconds} if seconds is not None else {}
         out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
                              do_sample=False, max_new_tokens=new, **kw)

@@ -185,6 +185,18 @@ def ours(ckpt: Path, layout: str, batching: str, work, batch: int, max_len: int,
     return tokens, clock, extra
 
 
+def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A static batch for transformers' generate: prompts left-padded to the longest, and the
+    attention mask that hides the padding. Returns (input_ids, attention_mask) [B, longest]."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), longest, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt):] = torch.tensor(prompt)
+        mask[row, longest - len(prompt):] = 1
+    return ids, mask
+
+
 def load_hf(ckpt: Path):
     from transformers import AutoModelForCausalLM
 
@@ -201,13 +213,9 @@ def hf_generate(ckpt: Path, work, batch: int):
     def run(items):
         tokens, generated = [], 0
         for group in batches(items, batch):
-            longest = max(len(ids) for ids, _ in group)
             new = max(n for _, n in group)
-            ids = torch.zeros(len(group), longest, dtype=torch.long)  # left padding
-            mask = torch.zeros(len(group), longest, dtype=torch.long)
-            for row, (prompt, _) in enumerate(group):
-                ids[row, longest - len(prompt):] = torch.tensor(prompt)
-                mask[row, longest - len(prompt):] = 1
+            ids, mask = left_padded([prompt for prompt, _ in group])
+            longest = ids.shape[1]
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                  max_new_tokens=new)
             assert out.shape == (len(group), longest + new), out.shape

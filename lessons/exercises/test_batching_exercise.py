@@ -18,10 +18,9 @@ import random
 from collections import Counter
 
 import pytest
+from scheduler_steps import finish_step, make_group  # this folder: what these tests share
 
-from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.engine.scheduler import Scheduler, SchedulerConfig
-from pagedllm.reference.engine.sequence import Sequence, SequenceGroup, next_seq_id
 from pagedllm.reference.kv.kv_cache_manager import PagedKVCacheManager
 
 EXERCISE = "batching_exercise"  # impl (conftest.py): the solution's file, then yours
@@ -32,12 +31,6 @@ def continuous_step(impl):
     return impl.use("continuous_step", [], [], 1, 1, 1, 1)
 
 
-def make_group(request_id: str, prompt_len: int, max_tokens: int, arrival: int):
-    seq = Sequence(next_seq_id(), list(range(prompt_len)))
-    return SequenceGroup(request_id, [seq], SamplingParams(max_tokens=max_tokens),
-                         arrival=arrival, seed=arrival)
-
-
 def snapshot(scheduler: Scheduler):
     """What your function is given: the queues in arrival order and the free blocks."""
     kv = scheduler.kv
@@ -45,18 +38,6 @@ def snapshot(scheduler: Scheduler):
                for g in sorted(scheduler.running, key=lambda g: g.arrival)]
     waiting = [(g.request_id, g.seqs[0].num_uncomputed_tokens) for g in scheduler.waiting]
     return running, waiting, kv.num_free_blocks
-
-
-def finish_step(scheduler: Scheduler, out) -> None:
-    """The engine's part after the forward: tokens computed, next tokens drawn, done removed."""
-    for item in out.scheduled:
-        reaches_end = item.samples
-        item.seq.num_computed_tokens += item.num_tokens
-        if reaches_end:
-            item.seq.output_token_ids.append(7)
-    for group in list(scheduler.running):
-        if len(group.seqs[0].output_token_ids) >= group.sampling_params.max_tokens:
-            scheduler.remove(group)
 
 
 def run(continuous_step, seed: int, block_size: int, num_gpu_blocks: int, max_num_seqs: int,

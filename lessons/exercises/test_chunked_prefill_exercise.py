@@ -16,10 +16,9 @@ import random
 from collections import Counter
 
 import pytest
+from scheduler_steps import finish_step, make_group  # this folder: what these tests share
 
-from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.engine.scheduler import Scheduler, SchedulerConfig
-from pagedllm.reference.engine.sequence import Sequence, SequenceGroup, next_seq_id
 from pagedllm.reference.kv.kv_cache_manager import PagedKVCacheManager
 
 EXERCISE = "chunked_prefill_exercise"  # impl (conftest.py): the solution's file, then yours
@@ -28,24 +27,6 @@ EXERCISE = "chunked_prefill_exercise"  # impl (conftest.py): the solution's file
 @pytest.fixture
 def chunked_step(impl):
     return impl.use("chunked_step", [], [], 1, 1)
-
-
-def make_group(request_id: str, prompt_len: int, max_tokens: int, arrival: int):
-    seq = Sequence(next_seq_id(), list(range(prompt_len)))
-    return SequenceGroup(request_id, [seq], SamplingParams(max_tokens=max_tokens),
-                         arrival=arrival, seed=arrival)
-
-
-def finish_step(scheduler: Scheduler, out) -> None:
-    """The engine's part after the forward: tokens computed, next tokens drawn, done removed."""
-    for item in out.scheduled:
-        reaches_end = item.samples
-        item.seq.num_computed_tokens += item.num_tokens
-        if reaches_end:
-            item.seq.output_token_ids.append(7)
-    for group in list(scheduler.running):
-        if len(group.seqs[0].output_token_ids) >= group.sampling_params.max_tokens:
-            scheduler.remove(group)
 
 
 def run(chunked_step, seed: int, budget: int, max_num_seqs: int, coverage: Counter) -> None:

@@ -18,10 +18,10 @@ import random
 from collections import Counter
 
 import pytest
+from scheduler_steps import finish_step, make_group  # this folder: what these tests share
 
-from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.engine.scheduler import Scheduler, SchedulerConfig
-from pagedllm.reference.engine.sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
+from pagedllm.reference.engine.sequence import SequenceStatus
 from pagedllm.reference.kv.kv_cache_manager import PagedKVCacheManager
 
 EXERCISE = "preemption_exercise"  # impl (conftest.py): the solution's file, then yours
@@ -30,24 +30,6 @@ EXERCISE = "preemption_exercise"  # impl (conftest.py): the solution's file, the
 @pytest.fixture
 def decode_step(impl):
     return impl.use("decode_step", [], 0, 0, 1, "recompute")
-
-
-def make_group(request_id: str, prompt_len: int, max_tokens: int, arrival: int):
-    seq = Sequence(next_seq_id(), list(range(prompt_len)))
-    return SequenceGroup(request_id, [seq], SamplingParams(max_tokens=max_tokens),
-                         arrival=arrival, seed=arrival)
-
-
-def finish_step(scheduler: Scheduler, out) -> None:
-    """The engine's part after the forward: tokens computed, next tokens drawn, done removed."""
-    for item in out.scheduled:
-        reaches_end = item.samples
-        item.seq.num_computed_tokens += item.num_tokens
-        if reaches_end:
-            item.seq.output_token_ids.append(7)
-    for group in list(scheduler.running):
-        if len(group.seqs[0].output_token_ids) >= group.sampling_params.max_tokens:
-            scheduler.remove(group)
 
 
 def real_outcome(scheduler: Scheduler, out) -> dict:
