@@ -131,3 +131,13 @@ def test_aborting_a_swapped_request_forgets_its_swapped_blocks(tier, checkpoints
     while engine.has_unfinished_requests():
         engine.step()
     assert llm.stats()["blocks_used"] == 0
+
+
+def test_a_request_larger_than_the_pool_says_how_large(tier, checkpoints):
+    llm = tier.LLM(checkpoints["llama"], block_size=4, num_gpu_blocks=4)  # 16 token slots
+    prompt = {"prompt_token_ids": list(range(1, 11))}
+    with pytest.raises(ValueError, match=r"needs up to 30 tokens of KV memory"):
+        llm.generate(prompt, tier.SamplingParams(max_tokens=20), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"needs up to 2 x 30 tokens"):
+        llm.generate(prompt, tier.SamplingParams(n=2, max_tokens=20), use_tqdm=False)
+    assert llm.generate(prompt, tier.SamplingParams(max_tokens=4), use_tqdm=False)[0].finished

@@ -102,7 +102,8 @@ class LLMEngine:
         else:  # at worst every sample holds its own copy of everything (after a recompute)
             never = self.kv.never_fits(most, copies=width)
         if never:
-            raise ValueError(f"request {request_id!r} needs up to {width} x {most} tokens "
+            amount = f"{width} x {most} tokens" if width > 1 else f"{most} tokens"
+            raise ValueError(f"request {request_id!r} needs up to {amount} "
                              "of KV memory, more than the whole KV pool holds: it could never "
                              "finish; lower n (or beam_width) or max_tokens, or give the pool "
                              "more blocks")
