@@ -48,9 +48,10 @@ class LLMEngine(ReferenceEngine):
             backend = OPTIMIZED_BACKEND
         model = merge_projections(model)
         device = next(model.parameters()).device
-        if gpu_memory_utilization is not None and device.type == "cuda":
+        if gpu_memory_utilization is not None:  # checked on every device, used on CUDA
             check_float("gpu_memory_utilization", gpu_memory_utilization, low=0.0, high=1.0,
                         low_open=True)
+        if gpu_memory_utilization is not None and device.type == "cuda":
             num_gpu_blocks = profile_num_blocks(model, backend, block_size,
                                                 scheduler_config.max_num_batched_tokens,
                                                 scheduler_config.max_model_len,

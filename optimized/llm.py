@@ -10,6 +10,7 @@ with the optimized engine, and two options of its own, as vLLM names them:
 import inspect
 
 from pagedllm.reference.engine.llm import LLM as ReferenceLLM
+from pagedllm.reference.engine.validation import check_float
 
 from .backend import OPTIMIZED_BACKEND
 from .engine import LLMEngine
@@ -20,6 +21,10 @@ class LLM(ReferenceLLM):
 
     def __init__(self, model, *args, backend=OPTIMIZED_BACKEND, enforce_eager: bool = False,
                  gpu_memory_utilization: float = 0.9, **kwargs):
+        # Checked on every device, though only CUDA uses it: a typo must not pass on a laptop
+        # and fail on the server.
+        check_float("gpu_memory_utilization", gpu_memory_utilization, low=0.0, high=1.0,
+                    low_open=True)
         given = inspect.signature(ReferenceLLM.__init__).bind(self, model, *args, **kwargs)
         sized = any(given.arguments.get(name) is not None
                     for name in ("num_gpu_blocks", "kv_cache_memory"))

@@ -54,6 +54,9 @@ from .protocol import (
 
 log = logging.getLogger("pagedllm.serving")
 
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
 SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "seed", "max_tokens", "min_tokens",
                    "stop_token_ids", "stop", "logprobs", "ignore_eos")
 
@@ -175,8 +178,10 @@ async def _read_json(request: Request):
         raise APIError(413, _too_large(None, err.limit)["error"]["message"]) from None
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise APIError(400, f"the request body is not valid JSON: {err}") from None
+    except (ValueError, RecursionError) as err:
+        # ValueError: JSONDecodeError, UnicodeDecodeError, and an integer of more digits than
+        # Python converts (4300); RecursionError: arrays or objects nested thousands deep.
+        raise APIError(400, f"the request body is not valid JSON: {err}"[:300]) from None
 
 
 # -- the handlers ------------------------------------------------------------------------------
@@ -191,11 +196,26 @@ class _Handlers:
                                 f"`{self.model_name}` (GET /v1/models)", "model")
 
     def _params(self, req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """OpenAI's fields -> SamplingParams, whose own checks name the field (400)."""
+        """OpenAI's fields -> SamplingParams, whose own checks name the field (400).
+
+        The sampler holds temperature and top_p as float32 and top_k as int64: a temperature
+        past float32's range would turn into inf (and a blocked token's -inf logit into NaN),
+        so it is refused; a top_p below float32's smallest normal number would round to 0, so
+        it becomes that number (either keeps only the most likely tokens); a top_k of the
+        vocabulary or more keeps every token, so it becomes -1 (all tokens) before it can
+        overflow int64 in a step and fail every request of that step."""
+        if isinstance(req.temperature, float) and req.temperature > FLOAT32_MAX:
+            raise APIError(400, f"temperature must be <= {FLOAT32_MAX:g} (float32's largest "
+                                f"number), got {req.temperature:g}", "temperature")
+        top_p = req.top_p
+        if isinstance(top_p, float) and 0.0 < top_p < FLOAT32_TINY:
+            top_p = FLOAT32_TINY
+        top_k = req.top_k
+        if top_k == 0 or top_k >= self.engine.engine.vocab_size:
+            top_k = -1
         try:
             return SamplingParams(
-                n=req.n, temperature=req.temperature, top_p=req.top_p,
-                top_k=-1 if req.top_k == 0 else req.top_k, seed=req.seed,
+                n=req.n, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed,
                 max_tokens=max_tokens if max_tokens is not None else self.engine.max_model_len,
                 min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
                 ignore_eos=req.ignore_eos, logprobs=logprobs)
@@ -214,6 +234,10 @@ class _Handlers:
                 request_id = f"{base_id}-{i}"
                 await self.engine.add_request(request_id, prompt, params, arrival, outputs)
                 ids.append(request_id)
+        except RuntimeError as err:  # the engine thread is not running
+            for request_id in ids:
+                self.engine.abort(request_id)
+            raise APIError(500, str(err)) from None
         except (ValueError, TypeError) as err:
             for request_id in ids:
                 self.engine.abort(request_id)
@@ -242,6 +266,9 @@ class _Handlers:
             prompts = list(prompt)
         if not prompts:
             raise APIError(400, "prompt is empty; give text or a list of token ids", "prompt")
+        for p in prompts:
+            if isinstance(p, str):
+                _check_utf8(p, "prompt")
         prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
         request_id = new_id("cmpl")
         ids, outputs = await self._submit(prompts, params, "prompt", request_id)
@@ -261,6 +288,8 @@ class _Handlers:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        for i, message in enumerate(req.messages):
+            _check_utf8(message.as_dict()["content"], f"messages[{i}].content")
         try:
             prompt = chat_prompt(self.tokenizer, [m.as_dict() for m in req.messages],
                                  add_generation_prompt=req.add_generation_prompt)
@@ -276,6 +305,16 @@ class _Handlers:
         run = _Run(self, ids, outputs, params, request_id, chat=True, logprobs=logprobs,
                    include_usage=bool(req.stream_options and req.stream_options.include_usage))
         return EngineResponse(self.engine, run, stream=req.stream, timeout=self.timeout)
+
+
+def _check_utf8(text: str, field: str) -> None:
+    """JSON can spell a lone UTF-16 surrogate (\\ud800), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise APIError(400, f"{field} holds a character that is not valid Unicode (a lone "
+                            f"surrogate, {text[err.start]!r}) at position {err.start}",
+                       field) from None
 
 
 def _field_of(message: str) -> str | None:

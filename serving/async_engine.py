@@ -17,6 +17,12 @@ Commands are applied only between steps, so a step never sees the request set ch
 it, and no lock is needed: the engine is single-threaded, as it was written to be. While no
 request is unfinished the thread sleeps on an Event instead of spinning.
 
+The thread never dies of an error: a failed step ends the step's requests with an error (the
+engine freed them); a failure anywhere else in the loop (the bookkeeping around the step) ends
+every live request with an error and frees its blocks, and the loop goes on. A failure of the
+metrics alone is logged and ends nothing. Should the thread end anyway (shutdown), every live
+request and every queued add is answered, so no caller waits forever.
+
 The engine thread also keeps the metrics: after every step it reads ``engine.stats()`` into the
 gauges and times each request's first token, the gaps between its tokens and its end.
 """
@@ -86,6 +92,7 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self._closed = False  # set when the thread ends: add_request answers by itself
         self.stats: dict = self.engine.stats()  # a snapshot, replaced after every step
         self.steps = 0
 
@@ -119,6 +126,8 @@ class AsyncLLMEngine:
         accepted = loop.create_future()
         self._send(("add", request_id, prompt, params, stream, accepted,
                     arrival if arrival is not None else time.monotonic()))
+        if self._closed:  # the thread ended after the check above: nobody else will answer
+            self._drain_commands()
         try:
             await accepted
         except asyncio.CancelledError:  # the caller went away before the engine answered
@@ -137,19 +146,55 @@ class AsyncLLMEngine:
     # -- the engine thread -----------------------------------------------------------------------
     # --8<-- [start:run]
     def _run(self) -> None:
-        while True:
-            if not self.engine.has_unfinished_requests():
-                self._wake.wait()
-            self._wake.clear()
-            self._apply_commands()
-            if self._stopping:
-                for request_id in list(self._live):
-                    self._abort(request_id)
-                self._snapshot()
-                return
-            if self.engine.has_unfinished_requests():
-                self._step()
+        try:
+            while True:
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait()
+                self._wake.clear()
+                try:
+                    self._apply_commands()
+                    if self._stopping:
+                        self._fail_live(RuntimeError("the server is shutting down"), "abort")
+                        return
+                    if self.engine.has_unfinished_requests():
+                        self._step()
+                except Exception as err:  # noqa: BLE001 - bookkeeping failed: end, don't hang
+                    log.exception("the engine thread failed outside a step; its live requests "
+                                  "end with an error")
+                    self._fail_live(err, "error")
+                    self._wake.set()  # commands may be left in the queue: look again
+        finally:
+            self._closed = True
+            self._fail_live(RuntimeError("the engine thread stopped"), "abort")
+            self._drain_commands()
     # --8<-- [end:run]
+
+    def _fail_live(self, err: BaseException, reason: str) -> None:
+        """End every live request: out of the engine (its blocks freed), an error to its
+        stream."""
+        for request_id in list(self._live):
+            tracked = self._live.pop(request_id)
+            try:
+                if request_id in self.engine.groups:
+                    self.engine.abort_request(request_id)
+            except Exception:  # noqa: BLE001 - the others must still be ended
+                log.exception("could not abort %s", request_id)
+            if self.metrics is not None:
+                self.metrics.finished[reason].inc()
+            self._call(tracked.stream.queue.put_nowait,
+                       EngineStepError(f"the request could not finish: {err}"))
+        self._snapshot()
+
+    def _drain_commands(self) -> None:
+        """The thread is gone: refuse every queued add (nothing else needs an answer)."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                self._call(_settle, command[5], RuntimeError("the engine thread is not "
+                                                             "running"))
 
     def _apply_commands(self) -> None:
         while True:
@@ -164,13 +209,17 @@ class AsyncLLMEngine:
         # the snapshot is refreshed by the next step, or here when no step follows
 
     def _add(self, request_id, prompt, params, stream, accepted, arrival) -> None:
+        added = False
         try:
             self.engine.add_request(request_id, prompt, params)
+            added = True
+            group = self.engine.groups[request_id]
+            tracked = _Tracked(stream, arrival, prompt_len=len(group.seqs[0].prompt_token_ids))
         except Exception as err:  # noqa: BLE001 - a refused request: the caller gets the error
+            if added:  # taken, then the bookkeeping failed: out again, or nobody reads it
+                self._abort(request_id)
             self._call(_settle, accepted, err)
             return
-        group = self.engine.groups[request_id]
-        tracked = _Tracked(stream, arrival, prompt_len=len(group.seqs[0].prompt_token_ids))
         self._live[request_id] = tracked
         self._call(_settle, accepted, None)
         if not self.engine.has_unfinished_requests():
@@ -178,8 +227,11 @@ class AsyncLLMEngine:
 
     def _abort(self, request_id: str) -> None:
         tracked = self._live.pop(request_id, None)
-        if request_id in self.engine.groups:
-            self.engine.abort_request(request_id)  # its blocks go back to the pool now
+        try:
+            if request_id in self.engine.groups:
+                self.engine.abort_request(request_id)  # its blocks go back to the pool now
+        except Exception:  # noqa: BLE001 - the engine runs it to its end and frees it then
+            log.exception("could not abort %s", request_id)
         if tracked is not None and self.metrics is not None:
             self.metrics.finished["abort"].inc()
         self._snapshot()
@@ -204,7 +256,10 @@ class AsyncLLMEngine:
             tracked = self._live.get(out.request_id)
             if tracked is None:
                 continue  # aborted while the step ran
-            self._account(tracked, out, now)
+            try:
+                self._account(tracked, out, now)
+            except Exception:  # noqa: BLE001 - metrics only: the request goes on
+                log.exception("could not update the metrics")
             if out.finished:
                 del self._live[out.request_id]
             deliveries.append((tracked.stream.queue, out))
@@ -237,9 +292,12 @@ class AsyncLLMEngine:
             m.finished.get(reason, m.finished["stop"]).inc()
 
     def _snapshot(self) -> None:
-        self.stats = stats = self.engine.stats()
-        if self.metrics is not None:
-            self.metrics.update_from_stats(stats)
+        try:
+            self.stats = stats = self.engine.stats()
+            if self.metrics is not None:
+                self.metrics.update_from_stats(stats)
+        except Exception:  # noqa: BLE001 - the stats are for reading: serving goes on
+            log.exception("could not read the engine's stats")
 
     def _call(self, fn, *args) -> None:
         """Run fn(*args) on the event loop (asyncio objects are not thread-safe)."""

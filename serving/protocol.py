@@ -62,6 +62,7 @@ class _Request(BaseModel):
     presence_penalty: float = 0.0  # not implemented: refused unless 0
     frequency_penalty: float = 0.0  # not implemented: refused unless 0
     best_of: int | None = None  # not implemented: refused unless None or n
+    logit_bias: dict[str, float] | None = None  # not implemented: refused unless empty
     user: str | None = None
 
 
@@ -87,8 +88,8 @@ class ChatMessage(BaseModel):
 
     def as_dict(self) -> dict:
         content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
+        if isinstance(content, list):  # text parts, joined as vLLM joins them
+            content = "\n".join(part.text for part in content)
         return {"role": self.role, "content": content or ""}
 
 
@@ -99,6 +100,8 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's extension
+    response_format: dict | None = None  # not implemented: refused unless {"type": "text"}
+    tools: list | None = None  # not implemented: refused unless empty
 
 
 UNSUPPORTED = {  # field: (the value that is accepted, what to say)
@@ -127,6 +130,16 @@ def parse_request(cls: type[_Request], data: Any) -> _Request:
     for name, (default, message) in UNSUPPORTED.items():
         if name in cls.model_fields and getattr(request, name) != default:
             raise APIError(400, message, name)
+    if request.logit_bias:
+        raise APIError(400, "logit_bias is not supported by this engine; leave it out",
+                       "logit_bias")
+    if getattr(request, "response_format", None) not in (None, {"type": "text"}):
+        raise APIError(400, "response_format is not supported by this engine (no JSON mode or "
+                            "structured output); leave it out or use {\"type\": \"text\"}",
+                       "response_format")
+    if getattr(request, "tools", None):
+        raise APIError(400, "tools are not supported by this engine (no tool calling); leave "
+                            "them out", "tools")
     if request.best_of is not None and request.best_of != request.n:
         raise APIError(400, "best_of is not supported by this engine; use n", "best_of")
     return request
@@ -140,7 +153,8 @@ def field_path(loc: tuple) -> str:
         if isinstance(part, int):
             path += f"[{part}]"
         elif part in ("str", "list[int]", "list[str]", "list[list[int]]", "list[TextPart]",
-                      "int", "float", "bool", "none", "function-after") or "[" in str(part):
+                      "int", "float", "bool", "none", "function-after", "dict", "list") \
+                or "[" in str(part):
             break  # a union member's name: the field ends here
         else:
             path += ("." if path else "") + str(part)

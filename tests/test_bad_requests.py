@@ -141,3 +141,20 @@ def test_a_request_larger_than_the_pool_says_how_large(tier, checkpoints):
     with pytest.raises(ValueError, match=r"needs up to 2 x 30 tokens"):
         llm.generate(prompt, tier.SamplingParams(n=2, max_tokens=20), use_tqdm=False)
     assert llm.generate(prompt, tier.SamplingParams(max_tokens=4), use_tqdm=False)[0].finished
+
+
+def test_sampling_values_at_the_edges_of_float32_and_int64(tier, llm):
+    """A top_k past the vocabulary (even past int64) keeps everything, a top_p too small for
+    float32 keeps the most likely token, a temperature past float32 is refused."""
+    prompt = {"prompt_token_ids": [1, 2, 3]}
+    greedy = llm.generate(prompt, tier.SamplingParams(temperature=0, max_tokens=4),
+                          use_tqdm=False)[0].outputs[0].token_ids
+    tiny_p = llm.generate(prompt, tier.SamplingParams(top_p=1e-300, seed=1, max_tokens=4),
+                          use_tqdm=False)[0].outputs[0].token_ids
+    assert tiny_p == greedy
+    huge_k = tier.SamplingParams(top_k=2**63 - 1, seed=1, max_tokens=4)
+    no_k = tier.SamplingParams(seed=1, max_tokens=4)
+    assert llm.generate(prompt, huge_k, use_tqdm=False)[0].outputs[0].token_ids == \
+        llm.generate(prompt, no_k, use_tqdm=False)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"temperature must be in \[0, 3.40282e\+38\]"):
+        tier.SamplingParams(temperature=1e39)

@@ -17,13 +17,25 @@ def check_conversation(messages) -> list[dict]:
     if not isinstance(messages, list | tuple) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} "
                          "dicts")
+    checked = []
     for i, message in enumerate(messages):
+        if isinstance(message, dict) and _is_text_parts(message.get("content")):
+            # OpenAI's (and vLLM's) other form: [{"type": "text", "text": ...}, ...]; the
+            # templates expect one string, so the text parts are joined as vLLM joins them.
+            message = {**message, "content": "\n".join(p["text"] for p in message["content"])}
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
                 or not isinstance(message.get("content"), str):
             raise ValueError(f"messages[{i}] must be a dict with a string 'role' and a string "
-                             f"'content', e.g. {{'role': 'user', 'content': 'Hello'}}; got "
-                             f"{message!r:.80}")
-    return list(messages)
+                             f"'content' (or a list of {{'type': 'text', 'text': ...}} parts), "
+                             f"e.g. {{'role': 'user', 'content': 'Hello'}}; got {message!r:.80}")
+        checked.append(message)
+    return checked
+
+
+def _is_text_parts(content) -> bool:
+    return isinstance(content, list) and bool(content) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content)
 
 
 def chat_template_of(tokenizer, chat_template: str | None = None) -> str:
@@ -47,7 +59,13 @@ def chat_prompt(tokenizer, messages, chat_template: str | None = None,
     """
     messages = check_conversation(messages)
     template = chat_template_of(tokenizer, chat_template)
-    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except TemplateError as err:  # the template refuses the conversation, or does not parse
+        raise ValueError(f"the chat template failed on this conversation "
+                         f"({type(err).__name__}: {err})") from err
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return {"prompt": text, "prompt_token_ids": ids}

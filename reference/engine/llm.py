@@ -3,10 +3,12 @@ generate for a list of prompts with continuous batching underneath."""
 
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from ..kv_size import kv_size
 from ..model import load_config, load_model, resolve_model
+from ..model.registry import FLOAT_DTYPES
 from ..ops import REFERENCE_BACKEND, Backend
 from .beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .chat import chat_prompt
@@ -16,7 +18,6 @@ from .sampling_params import SamplingParams
 from .scheduler import SchedulerConfig
 from .validation import check_int
 
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # bytes, when neither num_gpu_blocks nor memory is given
 
 
@@ -29,7 +30,7 @@ class LLM:
 
     engine_class = LLMEngine
 
-    def __init__(self, model: str | Path, dtype: str = "float32", device: str = "cpu",
+    def __init__(self, model: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu",
                  block_size: int = 16, num_gpu_blocks: int | None = None,
                  kv_cache_memory: int | None = None, swap_space_blocks: int = 0,
                  kv_layout: str = "paged", reservation_policy: str = "max",
@@ -38,8 +39,11 @@ class LLM:
                  preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, seed: int = 0,
                  backend: Backend = REFERENCE_BACKEND):
+        if isinstance(dtype, torch.dtype):  # vLLM takes torch.float16 as well as "float16"
+            dtype = str(dtype).removeprefix("torch.")
         if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported; choose one of {FLOAT_DTYPES}")
+            raise ValueError(f"dtype {dtype!r} is not supported; choose one of "
+                             f"{tuple(FLOAT_DTYPES)}")
         model = resolve_model(model, dtype)  # a name or a GGUF file -> a checkpoint folder
         cfg = load_config(model)
         check_int("block_size", block_size, low=1)

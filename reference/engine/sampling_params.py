@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from .validation import check_float, check_int
 
+FLOAT32_MAX = 3.4028234663852886e38  # the sampler holds temperatures in float32
+
 
 # --8<-- [start:params]
 @dataclass
@@ -25,7 +27,9 @@ class SamplingParams:
 
     def __post_init__(self):
         check_int("n", self.n, low=1)
-        check_float("temperature", self.temperature, 0.0)  # below 1e-5 it is greedy
+        # Below 1e-5 it is greedy; above float32's largest value the sampler's division would
+        # turn a blocked token's -inf into NaN.
+        check_float("temperature", self.temperature, 0.0, FLOAT32_MAX)
         check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         check_int("top_k", self.top_k, low=1, allowed=(-1,))
         if self.seed is not None:

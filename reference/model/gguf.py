@@ -15,6 +15,8 @@ are transformers' GGUF support, used as it is rather than re-derived here.
 
 import json
 import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -86,27 +88,55 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path,
         raise ValueError(f"{gguf_file} could not be converted by transformers' GGUF support "
                          f"({type(err).__name__}: {err})") from err
     config.dtype = dtype
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted conversion left
-    tmp.mkdir(parents=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out_dir)
+    # A folder of this call's own: two processes converting the same file at once must not
+    # write into (or delete) each other's half-made folder.
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".partial-", dir=out_dir.parent))
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     save_file({name: t.to(dtype).contiguous() for name, t in tensors.items()},
               tmp / "model.safetensors", metadata={"format": "pt"})
-    stat = gguf_file.stat()
     (tmp / SOURCE_FILE).write_text(json.dumps(
-        {"gguf": str(gguf_file), "size": stat.st_size, "dtype": str(dtype).removeprefix(
-            "torch.")}, indent=1))
+        {**_identity(gguf_file), "dtype": str(dtype).removeprefix("torch.")}, indent=1))
+    if is_converted_from(out_dir, gguf_file):  # another process finished the same work first
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out_dir
     if out_dir.exists():  # a stale conversion of another file: replace it whole
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+        shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+        tmp.rename(out_dir)
+    except OSError:  # another process renamed its conversion into place in between
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_converted_from(out_dir, gguf_file):
+            raise
     return out_dir
 
 
+def _remove_stale_partials(out_dir: Path, age_s: float = 3600.0) -> None:
+    """Delete the half-made folders an interrupted conversion left next to out_dir (a whole
+    model's weights each); only old ones, since a young one may be another process's work."""
+    for stale in out_dir.parent.glob(out_dir.name + ".partial*"):
+        try:
+            if time.time() - stale.stat().st_mtime > age_s:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # removed by someone else meanwhile
+
+
+def _identity(gguf_file: Path) -> dict:
+    """What tells a GGUF file from another at the same path: a file replaced by a different one
+    of the same size (a re-quantization, a re-download) must be converted again, so the
+    modification time counts too."""
+    stat = gguf_file.stat()
+    return {"gguf": str(gguf_file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def is_converted_from(folder: Path, gguf_file: Path) -> bool:
-    """True when folder is a finished conversion of this very file (same path and size)."""
+    """True when folder is a finished conversion of this very file (same path, size and
+    modification time)."""
     try:
         source = json.loads((folder / SOURCE_FILE).read_text())
-    except (OSError, ValueError):
+        return all(source.get(key) == value for key, value in _identity(gguf_file).items())
+    except (OSError, ValueError, AttributeError):  # no record, a corrupt one, no file
         return False
-    return source.get("gguf") == str(gguf_file) and source.get("size") == gguf_file.stat().st_size

@@ -14,12 +14,11 @@ from torch import nn
 from .config import ModelConfig, load_config
 from .llama import LlamaForCausalLM
 from .opt import OPTForCausalLM
-from .registry import resolve_model
+from .registry import FLOAT_DTYPES, resolve_model
 from .weights import load_state_dict_and_sources
 
 ARCHITECTURES = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM,
                  "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM, "opt": OPTForCausalLM}
-FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def build_model(cfg: ModelConfig, state: Mapping[str, torch.Tensor],

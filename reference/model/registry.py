@@ -21,6 +21,9 @@ import torch
 
 from .gguf import check_tensor_types, convert_gguf, find_gguf, is_converted_from
 
+# The dtypes a model computes in (and a converted checkpoint is written in), by name.
+FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -89,7 +92,11 @@ def converted_folder(gguf_file: Path, dtype: str = "float32") -> Path:
         check_tensor_types(gguf_file)  # a bad file is refused before "converting" is promised
         print(f"pagedllm: converting {gguf_file.name} to a {dtype} checkpoint in {folder} "
               "(once)", file=sys.stderr)
-        convert_gguf(gguf_file, folder, getattr(torch, dtype))
+        try:
+            convert_gguf(gguf_file, folder, FLOAT_DTYPES[dtype])
+        except OSError as err:  # a cache path that is a file, a read-only or full disk, ...
+            raise ValueError(f"could not write the converted checkpoint to {folder} ({err}); "
+                             "set PAGEDLLM_CACHE to a writable folder") from err
     return folder
 
 
@@ -99,6 +106,12 @@ def resolve_model(model: str | Path, dtype: str | torch.dtype | None = None) -> 
     if not isinstance(model, str | Path) or str(model) == "":
         return model  # not a name or a path: the folder's own checks say what is wrong
     dtype = str(dtype or "float32").removeprefix("torch.")
+    if dtype not in FLOAT_DTYPES:  # an int8 'checkpoint' would be garbage, not an error
+        raise ValueError(f"dtype {dtype!r} is not supported; choose one of "
+                         f"{', '.join(FLOAT_DTYPES)}")
+    if isinstance(model, str) and not Path(model).exists() \
+            and model.strip().lower() in MODELS:  # "SmolLM2-135M-Instruct ", as typed
+        model = model.strip().lower()
     if isinstance(model, str) and model in MODELS:
         return converted_folder(packaged_gguf(model), dtype)
     gguf_file = find_gguf(model)

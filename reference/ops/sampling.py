@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 GREEDY_BELOW = 1e-5  # a temperature below this means greedy, as in vLLM
+TINIEST_TOP_P = 1.1754943508222875e-38  # float32's smallest normal number
 
 
 def _int64(x: int) -> int:
@@ -122,10 +123,13 @@ class SamplingMetadata:
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
+        # top_k at or past the vocabulary keeps every token (and a huge one would overflow
+        # int64); a top_p too small for float32 keeps the most likely token, not none.
         return cls(
             temperature=tensor([row.temperature for row in rows], torch.float32),
-            top_k=tensor([row.top_k for row in rows], torch.int64),
-            top_p=tensor([row.top_p for row in rows], torch.float32),
+            top_k=tensor([row.top_k if row.top_k < vocab_size else -1 for row in rows],
+                         torch.int64),
+            top_p=tensor([max(row.top_p, TINIEST_TOP_P) for row in rows], torch.float32),
             streams=tensor([_int64(row.stream) for row in rows], torch.int64),
             positions=tensor([row.position for row in rows], torch.int64),
             blocked_token_ids=tensor(blocked, torch.int64).reshape(len(rows), width),
