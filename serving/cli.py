@@ -179,7 +179,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     while True:
         if interactive:
             print("> ", end="", flush=True, file=sys.stderr)
-        line = sys.stdin.readline()
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt leaves, like Ctrl-D
+            print(file=sys.stderr)
+            return 0
         if not line or line.strip() == "/exit":
             return 0
         if not line.strip():
@@ -192,6 +196,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 answer += piece
         except KeyboardInterrupt:  # Ctrl-C stops this answer, not the conversation
             print(" [stopped]", end="")
+        except ValueError as err:  # e.g. the conversation outgrew max_model_len
+            messages.pop()  # the conversation goes on without the message that did not fit
+            print(f"error: {' '.join(str(err).split())}; that message was dropped (a shorter "
+                  "one, or a new conversation, will fit)", file=sys.stderr)
+            continue
         print()
         messages.append({"role": "assistant", "content": answer})
 

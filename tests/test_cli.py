@@ -120,3 +120,27 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli.kv_size_cmd, "run", broken)
     with pytest.raises(RuntimeError, match="an internal bug"):
         cli.main(["kv-size", "opt-13b"])
+
+
+def test_chat_keeps_the_conversation_and_survives_a_message_too_long():
+    """pagedllm chat, fed by a pipe: every line is a user turn and gets an answer; a message
+    that would push the conversation past max_model_len is refused in one line, and the
+    conversation goes on."""
+    from pagedllm.serving.default_model import default_model_dir
+
+    too_long = "word " * 3000
+    res = subprocess.run(
+        [sys.executable, "-m", "pagedllm", "chat", "--model", str(default_model_dir()),
+         "--max-tokens", "8"], input=f"The for statement\n{too_long}\nReturn a list\n",
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "max_model_len" in errors[0] and "dropped" in errors[0]
+    assert len([line for line in res.stdout.splitlines() if line.strip()]) >= 2  # two answers
+
+
+def test_chat_refuses_a_model_without_a_chat_template(checkpoints):
+    res = run_cli("chat", "--model", str(checkpoints["llama"]), check=False)
+    assert res.returncode == 2 and res.stderr.startswith("error: ")
+    assert "chat template" in res.stderr and "Traceback" not in res.stderr
