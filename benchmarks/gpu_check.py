@@ -364,8 +364,9 @@ def run_hf_generate_batch(ckpt: Path, work, warm, setup: dict,
     gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0)  # -1: EOS off
     cb, page = continuous_batching_config(setup["batch"], setup["max_len"])
 
+    from throughput_cpu import finished_results  # benchmarks/ is this script's folder
+
     def run(items, limit=math.inf):
-        results, partial = {}, False
         with model.continuous_batching_context_manager(
                 generation_config=gen, continuous_batching_config=cb, block=True, timeout=10,
                 warmup=not setup["dry_run"]) as manager:
@@ -373,17 +374,7 @@ def run_hf_generate_batch(ckpt: Path, work, warm, setup: dict,
             began = time.perf_counter()  # from the first request to the last result
             ids = [manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n,
                                        eos_token_id=-1) for i, (prompt, n) in enumerate(items)]
-            while len(results) < len(ids):
-                if time.perf_counter() - began > limit:
-                    partial = True
-                    break
-                result = manager.get_result(timeout=1)
-                if result is not None and result.is_finished():
-                    if result.error is not None:
-                        raise RuntimeError(f"generate_batch failed: {result.error}")
-                    results[result.request_id] = result
-                elif result is None and not manager.is_running():
-                    raise RuntimeError("transformers' continuous batching thread stopped")
+            results, partial = finished_results(manager, ids, limit)
             sync(dev)
             seconds = time.perf_counter() - began
         made = [list(results[i].generated_tokens) if i in results else [] for i in ids]

@@ -48,6 +48,7 @@ here, its cache is sized explicitly (num_blocks, max_batch_tokens).
 """
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -229,6 +230,23 @@ def hf_generate(ckpt: Path, work, batch: int):
     return tokens, clock, {"generated_tokens_incl_waste": generated}
 
 
+def finished_results(manager, ids: list[str], seconds: float = math.inf) -> tuple[dict, bool]:
+    """The finished results of transformers' continuous-batching manager, by request id, until
+    every request is done or `seconds` have passed; and whether time ran out first."""
+    results, began = {}, time.perf_counter()
+    while len(results) < len(ids):
+        if time.perf_counter() - began > seconds:
+            return results, True
+        result = manager.get_result(timeout=1)
+        if result is not None and result.is_finished():
+            if result.error is not None:
+                raise RuntimeError(f"generate_batch failed: {result.error}")
+            results[result.request_id] = result
+        elif result is None and not manager.is_running():
+            raise RuntimeError("transformers' continuous batching thread stopped")
+    return results, False
+
+
 def hf_generate_batch(ckpt: Path, work, batch: int, max_len: int):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -247,15 +265,7 @@ def hf_generate_batch(ckpt: Path, work, batch: int, max_len: int):
             clock = Clock().__enter__()  # from the first request to the last result
             ids = [manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n,
                                        eos_token_id=-1) for i, (prompt, n) in enumerate(items)]
-            results = {}
-            while len(results) < len(ids):
-                result = manager.get_result(timeout=1)
-                if result is not None and result.is_finished():
-                    if result.error is not None:
-                        raise RuntimeError(f"generate_batch failed: {result.error}")
-                    results[result.request_id] = result
-                elif result is None and not manager.is_running():
-                    raise RuntimeError("transformers' continuous batching thread stopped")
+            results, _ = finished_results(manager, ids)
             clock.__exit__()
         return [list(results[i].generated_tokens) for i in ids], clock
 

@@ -29,9 +29,9 @@ from pagedllm.reference.ops import rotary as rotary_reference
 from pagedllm.reference.ops import silu_and_mul as silu_and_mul_reference
 from pagedllm.reference.ops import store_kv as store_kv_reference
 
+from ..kernels.test_small_ops import assert_matches  # the same tolerances as on the CPU
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-FP32_ATOL = 1e-4
-LOW_PRECISION_ULPS = 4
 NAN = float("nan")
 
 
@@ -52,18 +52,6 @@ def randn(gen, *shape, dtype=torch.float32, scale=1.0) -> torch.Tensor:
 
 def same(actual, expected):
     torch.testing.assert_close(actual, expected, atol=0, rtol=0, equal_nan=True)
-
-
-def assert_matches(actual, expected, precision=None):
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
-    assert not actual.isnan().any(), "NaN in the output: an element was not written"
-    error = (actual.float() - expected.float()).abs().max().item()
-    precision = precision or expected.dtype
-    if precision == torch.float32:
-        assert error < FP32_ATOL, error
-    else:
-        ulp = torch.finfo(precision).eps * expected.float().abs().max().item()
-        assert error <= LOW_PRECISION_ULPS * ulp, (error, ulp)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
