@@ -29,7 +29,10 @@ class SamplingParams:
         check_int("n", self.n, low=1)
         # Below 1e-5 it is greedy; above float32's largest value the sampler's division would
         # turn a blocked token's -inf into NaN.
-        check_float("temperature", self.temperature, 0.0, FLOAT32_MAX)
+        check_float("temperature", self.temperature, 0.0)
+        if self.temperature > FLOAT32_MAX:
+            raise ValueError(f"temperature must be at most {FLOAT32_MAX:.6g} (float32's largest "
+                             f"number), got {self.temperature}")
         check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         check_int("top_k", self.top_k, low=1, allowed=(-1,))
         if self.seed is not None:
