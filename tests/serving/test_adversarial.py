@@ -5,6 +5,7 @@ engine thread dead or a block held."""
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -153,14 +154,19 @@ def test_a_failing_abort_neither_kills_the_thread_nor_leaks(server, monkeypatch)
         return real(request_id)
 
     monkeypatch.setattr(engine.engine, "abort_request", flaky)
-    body = {**GOOD, "max_tokens": 40, "ignore_eos": True, "stream": True}
+    # Long enough that the server sees the hang-up before the request could end by itself.
+    body = {**GOOD, "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i == 2:
                 break  # hang up: the abort fails
+    deadline = time.monotonic() + 20
+    while calls["n"] == 0 and time.monotonic() < deadline:  # the server notices the hang-up
+        time.sleep(0.02)
+    assert calls["n"] >= 1, "the hang-up was never turned into an abort"
     r = post(server, GOOD)  # the thread is alive and serving
     assert r.status_code == 200, r.text
-    assert calls["n"] >= 1 and engine.is_running
+    assert engine.is_running
     # the request whose abort failed runs to its end in the engine, which frees it then
     assert wait_until_idle(server)["blocks_used"] == 0
 
