@@ -5,7 +5,8 @@ One random-weight Llama-style checkpoint, one seeded mixed workload of ShareGPT-
 exactly its own output length: max_tokens = its length, EOS ignored, greedy), measured in one
 run on the same CPU threads:
 
-(a) ours, paged KV + continuous batching (vLLM's design);
+(a) ours, paged KV + continuous batching with chunked prefill (vLLM V1's design), in the
+    optimized tier and in the reference tier;
 (b) ours, contiguous KV reserved for max_model_len per request + static batching (the
     "traditional" system of the PagedAttention paper and the seed articles);
 (c) transformers ``model.generate`` on static batches in arrival order, left-padded to the
@@ -167,9 +168,13 @@ class Clock:
 
 
 def ours(ckpt: Path, layout: str, batching: str, work, batch: int, max_len: int, tier=LLM):
+    # Continuous batching schedules as vLLM V1 does (and transformers' continuous batching):
+    # prompts ride in the same steps as the running decodes (chunked prefill), so admitting a
+    # request costs no step of its own in which every running sequence waits.
     llm = tier(ckpt, kv_layout=layout, batching=batching, reservation_policy="max",
               max_num_seqs=batch, max_model_len=max_len, block_size=BLOCK_SIZE,
-              num_gpu_blocks=batch * max_len // BLOCK_SIZE)
+              num_gpu_blocks=batch * max_len // BLOCK_SIZE,
+              enable_chunked_prefill=batching == "continuous")
 
     def run(items):
         prompts = [{"prompt_token_ids": ids} for ids, _ in items]

@@ -3,62 +3,121 @@
 On CUDA tensors (or on the CPU under ``TRITON_INTERPRET=1``) this is ``kernels.paged_attention``:
 one kernel for every query shape. On a CPU without the interpreter, Triton cannot run, and the
 reference's definition loops over the prompts and chunks of a step one sequence at a time. This
-path has no loop over sequences: the decodes go through the reference's ``decode_attention`` (all
-of them in one batched product), and every sequence with more than one query row goes through
-one padded batch — queries padded to the longest, keys read through the slots of each sequence's
-block table — so a step costs the same handful of tensor operations whatever its mix.
+path has no loop over sequences: it attends to a few *padded batches* of sequences, each one
+gather of whole blocks and two batched matrix products, whatever the step's mix.
 
-A decode batch is also split into a few buckets of similar lengths. Batched decode attention
-reads every sequence's keys up to the longest one's length (the rest masked); with lengths
-spread from tens to hundreds of tokens, most of what it would read is padding, and on a CPU
-that read (an indexed copy of K and V) is the largest cost after the weights.
+- The decodes (one query row each) are split into a few buckets of similar lengths. A padded
+  batch reads every sequence's keys up to the longest one's length (the rest masked); with
+  lengths spread from tens to hundreds of tokens, most of one batch's reads would be padding.
+- Every sequence with more than one query row (prompts, chunks) goes into one batch, its queries
+  padded to the longest.
 
-It is held to the reference op by the same tests as the kernel (``tests/test_paged_attention.py``).
+What to gather and what to mask depends only on the step's metadata, not on the layer, so it is
+worked out once per step, as an ``AttentionPlan``, and reused by every layer: vLLM's backends
+likewise turn the step's common metadata into their own once per step (a metadata builder).
+The engine's CPU context (``PlannedAttention``) plans once and hands the plan to the backend's
+op; called without one, the op plans for itself. ``cpu_paged_attention`` is the CPU path with
+the reference op's signature, held to it by the same tests as the kernel
+(``tests/test_paged_attention.py``).
+
+Gathers are of whole blocks (``index_select`` of [block_size, kv_heads, head_dim] chunks), not
+of single slots: on a CPU, copying a few large contiguous chunks is several times faster than
+an indexed copy of one short row per key.
 """
+
+from dataclasses import dataclass
 
 import torch
 
 from pagedllm.kernels.paged_attention import paged_attention as triton_paged_attention
 from pagedllm.kernels.runtime import interpreting
-from pagedllm.reference.ops.attention import decode_attention
+from pagedllm.reference.model import PagedAttention
 
 
 # --8<-- [start:dispatch]
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
-                    sliding_window: int | None = None) -> torch.Tensor:
-    """The reference ``paged_attention``'s signature and result (see reference/ops)."""
+                    sliding_window: int | None = None,
+                    plan: "AttentionPlan | None" = None) -> torch.Tensor:
+    """The reference ``paged_attention``'s signature and result (see reference/ops). On the CPU
+    path, ``plan`` is the step's plan when the caller has made it already."""
     if q.is_cuda or interpreting():
         return triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
                                       query_start_loc, scale, sliding_window)
-    return cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                               scale, sliding_window)
+    if plan is None:
+        plan = plan_attention(block_tables, seq_lens, query_start_loc, k_cache.shape[1],
+                              sliding_window)
+    return attend(plan, q, k_cache, v_cache, scale)
 # --8<-- [end:dispatch]
 
 
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                         sliding_window=None) -> torch.Tensor:
-    """Decodes in one batch, all longer query runs in one padded batch. Returns [T, heads, hd]."""
-    out = torch.zeros_like(q)  # [T, heads, head_dim]; rows past the last sequence stay 0
+    """The CPU path, interpreter or not: plan the step, then attend. [T, heads, head_dim]."""
+    plan = plan_attention(block_tables, seq_lens, query_start_loc, k_cache.shape[1],
+                          sliding_window)
+    return attend(plan, q, k_cache, v_cache, scale)
+
+
+# --8<-- [start:plan]
+@dataclass
+class PaddedBatch:
+    """P sequences attended together, each padded to Q query rows and L = width x block_size
+    key positions."""
+
+    rows: torch.Tensor  # [P, Q] the queries' rows in q; a padding row repeats a real one
+    real: torch.Tensor | None  # [P, Q] bool, the rows that are real queries; None: all are
+    blocks: torch.Tensor  # [P * width] int64, each sequence's blocks (padding: its first)
+    unfilled: torch.Tensor  # [U] int64, gathered key positions (p * L + l) past the seq's length
+    visible: torch.Tensor  # [P, 1, Q, L] bool: which keys each query may read
+
+
+@dataclass
+class AttentionPlan:
+    num_rows: int  # T, the step's query rows
+    batches: list[PaddedBatch]
+
+
+def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                   query_start_loc: torch.Tensor, block_size: int,
+                   sliding_window: int | None = None) -> AttentionPlan:
+    """The step's padded batches: the decodes in buckets of similar length, the rest in one."""
     starts = query_start_loc.to("cpu", torch.int64)  # [B + 1]
     q_lens = starts[1:] - starts[:-1]  # [B]
     seq_lens = seq_lens.to("cpu", torch.int64)
+    block_tables = block_tables.to("cpu", torch.int64)
+    batches = []
     decodes = (q_lens == 1).nonzero()[:, 0]  # [D]
-    block_size = k_cache.shape[1]
     for bucket in length_buckets(seq_lens[decodes].tolist()):
         seqs = decodes[bucket]
-        rows, lens = starts[seqs], seq_lens[seqs]
-        width = -(-int(lens.max()) // block_size)  # the bucket's longest sequence's blocks
-        out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[seqs, :width],
-                                     lens, scale, sliding_window)
+        batches.append(_padded_batch(block_tables[seqs], seq_lens[seqs], starts[seqs],
+                                     q_lens[seqs], block_size, sliding_window))
     longer = (q_lens > 1).nonzero()[:, 0]  # [P]
     if longer.numel():
-        rows, result = _padded_attention(q, k_cache, v_cache, block_tables[longer],
-                                         seq_lens[longer], starts[longer], q_lens[longer],
-                                         scale, sliding_window)
-        out[rows] = result
-    return out
+        batches.append(_padded_batch(block_tables[longer], seq_lens[longer], starts[longer],
+                                     q_lens[longer], block_size, sliding_window))
+    return AttentionPlan(int(starts[-1]), batches)
+
+
+def _padded_batch(block_tables, seq_lens, starts, q_lens, block_size, sliding_window):
+    Q = int(q_lens.max())  # P sequences of up to Q query rows
+    width = -(-int(seq_lens.max()) // block_size)  # the longest sequence's blocks
+    tables = block_tables[:, :width]  # [P, width]
+    used = torch.arange(width)[None, :] * block_size < seq_lens[:, None]  # [P, width]
+    tables = torch.where(used, tables, tables[:, :1])  # padding entries read a held block
+    i = torch.arange(Q)  # [Q]
+    real = i[None, :] < q_lens[:, None]  # [P, Q]
+    rows = torch.where(real, starts[:, None] + i[None, :], starts[:, None])  # [P, Q]
+    q_pos = (seq_lens - q_lens)[:, None] + i[None, :]  # [P, Q]: each query's position
+    positions = torch.arange(width * block_size)  # [L] key positions
+    filled = positions[None, :] < seq_lens[:, None]  # [P, L]
+    visible = (positions[None, None, :] <= q_pos[:, :, None]) & filled[:, None, :]  # [P, Q, L]
+    if sliding_window is not None:
+        visible &= positions[None, None, :] > q_pos[:, :, None] - sliding_window
+    return PaddedBatch(rows=rows, real=None if bool(real.all()) else real,
+                       blocks=tables.reshape(-1), unfilled=(~filled).reshape(-1).nonzero()[:, 0],
+                       visible=visible[:, None])  # [P, 1, Q, L]: broadcast over the K/V heads
 
 
 def length_buckets(lens: list[int], slack: float = 2.0) -> list[list[int]]:
@@ -74,36 +133,68 @@ def length_buckets(lens: list[int], slack: float = 2.0) -> list[list[int]]:
             buckets.append([i])
             total = lens[i]
     return buckets
+# --8<-- [end:plan]
 
 
-def _padded_attention(q, k_cache, v_cache, block_tables, seq_lens, starts, q_lens, scale,
-                      sliding_window):
-    """P sequences of several query rows each, padded to the longest: (their rows [R], the
-    attention output of those rows [R, heads, head_dim])."""
-    P, num_heads, head_dim = len(q_lens), q.shape[1], q.shape[2]
+# --8<-- [start:attend]
+def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
+           v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, heads, head_dim] -> [T, heads, head_dim], one padded batch at a time."""
+    out = q.new_zeros(q.shape)  # rows past the plan's last sequence stay 0
+    for batch in plan.batches:
+        result = _attend_batch(batch, q, k_cache, v_cache, scale)  # [P, Q, heads, hd]
+        if batch.real is None:
+            out.index_copy_(0, batch.rows.reshape(-1), result.flatten(0, 1))
+        else:
+            out[batch.rows[batch.real]] = result[batch.real]
+    return out
+
+
+def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale) -> torch.Tensor:
+    (P, Q), num_heads, head_dim = batch.rows.shape, q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    Q = int(q_lens.max())
-    i = torch.arange(Q)  # [Q]
-    real = i[None, :] < q_lens[:, None]  # [P, Q]: which padded rows are real queries
-    rows = torch.where(real, starts[:, None] + i[None, :], starts[:, None])  # [P, Q]
-    q_pos = (seq_lens - q_lens)[:, None] + i[None, :]  # [P, Q]: each query's position
-    positions = torch.arange(block_tables.shape[1] * block_size)  # [L] key positions
-    filled = positions[None, :] < seq_lens[:, None]  # [P, L]
-    visible = (positions[None, None, :] <= q_pos[:, :, None]) & filled[:, None, :]  # [P, Q, L]
-    if sliding_window is not None:
-        visible &= positions[None, None, :] > q_pos[:, :, None] - sliding_window
-    slots = block_tables.long()[:, positions // block_size] * block_size + positions % block_size
-    slots = torch.where(filled, slots, slots[:, :1])  # [P, L]; unfilled read a filled slot
-    keys = k_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)[:, slots]  # [kvh, P, L, hd]
-    values = v_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)[:, slots]
-    qg = q[rows].view(P, Q, num_kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)
+    group, L = num_heads // num_kv_heads, batch.blocks.numel() // P * block_size
+
+    def gather(cache, zero_unfilled=False):  # [kv_heads, P, L, head_dim], contiguous
+        rows = cache.index_select(0, batch.blocks).view(P * L, num_kv_heads, head_dim)
+        if zero_unfilled:
+            rows.index_fill_(0, batch.unfilled, 0.0)
+        return rows.view(P, L, num_kv_heads, head_dim).permute(2, 0, 1, 3).contiguous()
+
+    # Positions past a sequence's length hold whatever was there, even NaN. A NaN key is
+    # harmless (its score is masked to -inf), but a NaN value times its zero probability would
+    # still be NaN: those values are zeroed.
+    keys, values = gather(k_cache), gather(v_cache, zero_unfilled=True)
+    qg = q[batch.rows].view(P, Q, num_kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)
     qg = qg.reshape(num_kv_heads, P, group * Q, head_dim)  # [kvh, P, group * Q, hd]
     scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [kvh, P, group * Q, L]
-    mask = visible[:, None].expand(P, group, Q, visible.shape[-1]).reshape(P, group * Q, -1)
-    scores = scores.masked_fill(~mask[None], float("-inf"))
+    scores = scores.view(num_kv_heads, P, group, Q, L).masked_fill(~batch.visible, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-    out = torch.matmul(probs, values)  # [kvh, P, group * Q, hd]
+    out = torch.matmul(probs.view(num_kv_heads, P, group * Q, L), values)  # [kvh, P, g*Q, hd]
     out = out.view(num_kv_heads, P, group, Q, head_dim).permute(1, 3, 0, 2, 4)
-    out = out.reshape(P, Q, num_heads, head_dim)  # [P, Q, heads, hd]
-    return rows[real], out[real]
+    return out.reshape(P, Q, num_heads, head_dim)  # [P, Q, heads, hd]
+# --8<-- [end:attend]
+
+
+# --8<-- [start:planned_context]
+class PlannedAttention(PagedAttention):
+    """The engine's CPU attention context: the step's plan is made by the first layer that
+    attends (one per sliding window: a model may mix windowed and full layers) and handed to
+    the backend's op by every layer."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.plans: dict[int | None, AttentionPlan] = {}
+
+    def attend(self, layer, q, k, v, positions, scale, sliding_window=None):
+        md, ops = self.metadata, self.backend
+        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
+        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        if sliding_window not in self.plans:
+            self.plans[sliding_window] = plan_attention(
+                md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu, k_cache.shape[1],
+                sliding_window)
+        return ops.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens_cpu,
+                                   md.query_start_loc_cpu, scale, sliding_window,
+                                   plan=self.plans[sliding_window])
+# --8<-- [end:planned_context]

@@ -13,10 +13,15 @@ with one launch. A decode batch of B sequences is padded to the next captured si
 rows write their K/V nowhere (slot -1), attend over one slot of block 0, and are never sampled.
 """
 
+import inspect
+
 import torch
 
+from pagedllm.kernels.runtime import interpreting
 from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
+
+from .attention import PlannedAttention, paged_attention
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -99,6 +104,9 @@ class ModelRunner:
     def _context(self, md: AttentionMetadata) -> PagedAttention:
         if self.device.type == "cuda":
             return DeviceAttention(md, self.k_caches, self.v_caches, self.backend)
+        if inspect.unwrap(self.backend.paged_attention) is paged_attention and not interpreting():
+            # This tier's CPU path: one attention plan per step, reused by every layer.
+            return PlannedAttention(md, self.k_caches, self.v_caches, self.backend)
         return PagedAttention(md, self.k_caches, self.v_caches, self.backend)
 
     # -- the forward ----------------------------------------------------------------------------

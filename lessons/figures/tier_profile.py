@@ -38,6 +38,7 @@ the profiled bar is the least disturbed of its steps). Absolute times depend on 
 compare the tiers side by side.
 """
 
+import functools
 import json
 import os
 import platform
@@ -78,6 +79,7 @@ STEP = "engine step"
 def labeled(backend):
     """The backend with each op run inside a record_function named after it."""
     def wrap(name, fn):
+        @functools.wraps(fn)  # still the same op to whoever unwraps it (the model runner)
         def op(*args, **kwargs):
             with record_function(name):
                 return fn(*args, **kwargs)

@@ -207,8 +207,9 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     S, vocab = logits.shape
     logprobs = torch.log_softmax(logits, dim=-1)  # [S, vocab], reported as is
 
-    blocked = _blocked_mask(metadata.blocked_token_ids, vocab)  # [S, vocab]
-    logits = logits.masked_fill(blocked, float("-inf"))
+    if metadata.blocked_token_ids.numel():  # some row has tokens it may not draw yet
+        blocked = _blocked_mask(metadata.blocked_token_ids, vocab)  # [S, vocab]
+        logits = logits.masked_fill(blocked, float("-inf"))
     # --8<-- [end:raw_logprobs]
 
     greedy = metadata.temperature < GREEDY_BELOW  # [S]
