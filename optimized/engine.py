@@ -19,6 +19,7 @@ reference tier; this engine runs the paged layout with continuous batching only.
 import torch
 
 from pagedllm.reference.engine.engine import LLMEngine as ReferenceEngine
+from pagedllm.reference.engine.engine import check_backend
 from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.engine.validation import check_float
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
@@ -46,6 +47,7 @@ class LLMEngine(ReferenceEngine):
             raise TypeError(f"enforce_eager must be True or False, got {enforce_eager!r}")
         if backend is REFERENCE_BACKEND:  # the reference LLM's default: not this tier's ops
             backend = OPTIMIZED_BACKEND
+        check_backend(backend)  # before the profiling forward uses it
         model = merge_projections(model)
         device = next(model.parameters()).device
         if gpu_memory_utilization is not None:  # checked on every device, used on CUDA

@@ -185,23 +185,23 @@ class AsyncLLMEngine:
                        EngineStepError(f"the request could not finish: {err}"))
         self._snapshot()
 
-    def _drain_commands(self) -> None:
-        """The thread is gone: refuse every queued add (nothing else needs an answer)."""
+    def _queued_commands(self):
+        """The commands queued so far, oldest first, taken off the queue one by one."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain_commands(self) -> None:
+        """The thread is gone: refuse every queued add (nothing else needs an answer)."""
+        for command in self._queued_commands():
             if command[0] == "add":
                 self._call(_settle, command[5], RuntimeError("the engine thread is not "
                                                              "running"))
 
     def _apply_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._queued_commands():
             if command[0] == "add":
                 self._add(*command[1:])
             else:

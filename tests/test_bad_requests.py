@@ -95,11 +95,24 @@ def test_a_tiny_temperature_is_greedy(tier, llm):
     (dict(kv_layout="contiguous", num_gpu_blocks=4, block_size=16),
      "reserves max_model_len = 256 slots per request, more than the whole pool of 64"),
     (dict(kv_cache_memory=10), "holds no block"),
+    (dict(seed=-1), r"seed must be in \[0, 18446744073709551615\], got -1"),
+    (dict(seed=2**64), "seed must be in"),
+    (dict(device="meta"), "device 'meta': the engine runs on 'cpu' or 'cuda'"),
 ])
 def test_bad_engine_arguments(tier, checkpoints, kwargs, message):
     if kwargs.get("kv_layout") == "contiguous":
         message = baseline_refusal(tier, message)
     with pytest.raises(ValueError, match=message):
+        tier.LLM(checkpoints["llama"], **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(seed="3"), "seed must be an integer"),
+    (dict(backend=None), "backend must be a pagedllm.reference.ops.Backend"),
+    (dict(backend=print), "got <built-in function print>"),
+])
+def test_engine_arguments_of_the_wrong_type(tier, checkpoints, kwargs, message):
+    with pytest.raises(TypeError, match=message):
         tier.LLM(checkpoints["llama"], **kwargs)
 
 

@@ -49,6 +49,8 @@ class LLMEngine:
         cfg = model.config
         sc = scheduler_config
         _check_engine_args(kv_layout, reservation_policy, sc, block_size, num_gpu_blocks)
+        check_int("seed", seed, low=0, high=2**64 - 1)  # the range of a request's seed
+        check_backend(backend)
         if enable_prefix_caching and kv_layout != "paged":
             raise ValueError("enable_prefix_caching shares blocks: it needs kv_layout='paged'")
         param = next(model.parameters())
@@ -385,6 +387,14 @@ def check_prompt(prompt_ids, vocab_size: int) -> list[int]:
     if not ids:
         raise ValueError("the prompt is empty; give at least one token")
     return ids
+
+
+def check_backend(backend) -> None:
+    """A Backend bundle of ops (swap one with dataclasses.replace), not None or a function."""
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a pagedllm.reference.ops.Backend (e.g. "
+                        f"REFERENCE_BACKEND, or dataclasses.replace(REFERENCE_BACKEND, op=...)), "
+                        f"got {backend!r} ({type(backend).__name__})")
 
 
 def _check_engine_args(kv_layout, policy, sc: SchedulerConfig, block_size, num_gpu_blocks):

@@ -99,6 +99,9 @@ def _parse_device(device: str | torch.device) -> torch.device:
     except RuntimeError as err:
         raise ValueError(f"device {device!r} is not a torch device ({err}); use e.g. 'cpu', "
                          "'cuda' or 'cuda:0'") from err
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r}: the engine runs on 'cpu' or 'cuda' "
+                         "(e.g. 'cuda:0')")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} asks for a CUDA GPU, but none is visible; "
                          "use device='cpu'")
