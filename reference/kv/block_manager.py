@@ -25,7 +25,7 @@ The slot of a token is block_table[position // block_size] * block_size + positi
 its row in the flat pool of slots.
 """
 
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .prefix_cache import PrefixCache, block_key
@@ -41,7 +41,10 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.device = device
         self.ref_counts = [0] * num_blocks
-        self.free_list = deque(range(num_blocks))  # lowest ids first: block tables read easily
+        # Free blocks, oldest first (at the start lowest ids first: block tables read easily).
+        # An OrderedDict is a doubly linked list with an index, like vLLM's free block queue:
+        # taking out the oldest block, or a given one (a prefix-cache hit), costs O(1).
+        self.free_list: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     @property
     def num_free(self) -> int:
@@ -51,9 +54,14 @@ class BlockPool:
         if not self.free_list:
             raise RuntimeError(f"no free {self.device} block: check can_allocate / can_append "
                                "first")
-        block = self.free_list.popleft()
+        block, _ = self.free_list.popitem(last=False)  # the oldest free block
         self.ref_counts[block] = 1
         return block
+
+    def take(self, block: int) -> None:
+        """Allocate this free block (a prefix-cache hit on a block no one holds any more)."""
+        del self.free_list[block]
+        self.ref_counts[block] = 1
     # --8<-- [end:pool]
 
     # --8<-- [start:ref_counts]
@@ -65,7 +73,7 @@ class BlockPool:
         assert self.ref_counts[block] > 0, f"{self.device} block {block} freed twice"
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
-            self.free_list.append(block)
+            self.free_list[block] = None  # the newest free block
     # --8<-- [end:ref_counts]
 
 
@@ -140,8 +148,7 @@ class BlockSpaceManager:
         blocks = []
         for _, block in reused:
             if self.gpu.ref_counts[block] == 0:  # freed but still cached: take it back
-                self.gpu.free_list.remove(block)
-                self.gpu.ref_counts[block] = 1
+                self.gpu.take(block)
             else:  # in use by another sequence right now: share it
                 self.gpu.share(block)
             blocks.append(block)
