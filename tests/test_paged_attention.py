@@ -12,11 +12,12 @@ from transformers import AutoModelForCausalLM
 
 from pagedllm.optimized.attention import cpu_paged_attention, plan_attention
 from pagedllm.optimized.attention import paged_attention as optimized_paged_attention
+from pagedllm.optimized.backend import OPTIMIZED_BACKEND
 from pagedllm.reference import ContiguousCache, load_model
 from pagedllm.reference.engine.generate import generate_many
 from pagedllm.reference.kv import BlockSpaceManager, CacheEngine
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
-from pagedllm.reference.ops import causal_attention, paged_attention, store_kv
+from pagedllm.reference.ops import REFERENCE_BACKEND, causal_attention, paged_attention, store_kv
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 8, 4
 
@@ -91,8 +92,10 @@ def test_store_kv_skips_padding_slots():
     assert torch.isnan(flat[[0, 1, 3, 4, 6, 7]]).all()  # -1 wrote nowhere, not to the last slot
 
 
-def test_cache_engine_swaps_out_in_and_copies_every_layer():
-    cache = CacheEngine(2, KV_HEADS, HEAD_DIM, BLOCK, 4, num_cpu_blocks=2)
+@pytest.mark.parametrize("backend", [REFERENCE_BACKEND, OPTIMIZED_BACKEND],
+                         ids=["reference", "optimized"])
+def test_cache_engine_swaps_out_in_and_copies_every_layer(backend):
+    cache = CacheEngine(2, KV_HEADS, HEAD_DIM, BLOCK, 4, num_cpu_blocks=2, backend=backend)
     for t in (*cache.gpu_k, *cache.gpu_v):
         t.normal_()
     before = [t.clone() for t in (*cache.gpu_k, *cache.gpu_v)]

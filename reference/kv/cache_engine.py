@@ -23,13 +23,17 @@ class CacheEngine:
                  num_gpu_blocks: int, num_cpu_blocks: int = 0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  backend: Backend = REFERENCE_BACKEND):
-        def pool(num_blocks: int, where) -> list[torch.Tensor]:
+        def pool(num_blocks: int, where, pin_memory: bool = False) -> list[torch.Tensor]:
             shape = (num_blocks, block_size, num_kv_heads, head_dim)
-            return [torch.zeros(shape, dtype=dtype, device=where) for _ in range(num_layers)]
+            return [torch.zeros(shape, dtype=dtype, device=where, pin_memory=pin_memory)
+                    for _ in range(num_layers)]
 
         self.block_size, self.backend, self.device = block_size, backend, torch.device(device)
         self.gpu_k, self.gpu_v = pool(num_gpu_blocks, device), pool(num_gpu_blocks, device)
-        self.cpu_k, self.cpu_v = pool(num_cpu_blocks, "cpu"), pool(num_cpu_blocks, "cpu")
+        # Beside a CUDA pool, the swap space is pinned (page-locked) host memory: the GPU copies
+        # to and from it by DMA, and a backend may queue those copies without waiting.
+        pin = self.device.type == "cuda"
+        self.cpu_k, self.cpu_v = pool(num_cpu_blocks, "cpu", pin), pool(num_cpu_blocks, "cpu", pin)
 
     # --8<-- [start:apply]
     def apply(self, blocks_to_swap_out: list[tuple[int, int]],

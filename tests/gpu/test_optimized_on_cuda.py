@@ -163,6 +163,7 @@ def test_preemption_chunked_prefill_and_prefix_caching(checkpoints, family, pree
     stats = llm.stats()
     if preemption_mode == "swap":
         assert stats["preemptions_swap"] > 0 and stats["swap_ins"] > 0
+        assert all(t.is_pinned() for t in llm.engine.cache_engine.cpu_k)  # async-capable
     else:
         assert stats["preemptions_recompute"] > 0
     assert stats["prefix_cache_hit_tokens"] > 0
@@ -223,3 +224,26 @@ def test_an_absurdly_low_utilization_is_refused(checkpoints, utilization):
 def test_a_utilization_outside_0_1_is_refused(checkpoints, utilization):
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
         optimized.LLM(checkpoints["llama3"], device=DEVICE, gpu_memory_utilization=utilization)
+
+
+def test_swap_blocks_copies_blocks_asynchronously_to_and_from_pinned_memory():
+    """The optimized swap queues one copy per block; after the stream is synchronized, both
+    directions hold what the reference's swap_blocks gives."""
+    from pagedllm.optimized.backend import swap_blocks
+    from pagedllm.reference.ops import swap_blocks as swap_blocks_reference
+
+    shape = (12, 4, 2, 8)  # [num_blocks, block_size, kv_heads, head_dim]
+    gpu = torch.randn(shape, device=DEVICE)
+    pinned = torch.zeros(shape, pin_memory=True)
+    expected = torch.zeros(shape)
+    out_pairs = torch.tensor([[3, 0], [7, 5], [11, 1]])  # (gpu block, cpu block)
+    swap_blocks(gpu, pinned, out_pairs)
+    swap_blocks_reference(gpu, expected, out_pairs)
+    torch.cuda.synchronize()
+    assert torch.equal(pinned, expected)
+    back = torch.zeros(shape, device=DEVICE)
+    in_pairs = torch.tensor([[5, 2], [0, 9]])  # (cpu block, gpu block)
+    swap_blocks(pinned, back, in_pairs)
+    torch.cuda.synchronize()
+    assert torch.equal(back[2], gpu[7]) and torch.equal(back[9], gpu[3])
+    assert not back[[0, 1, 3, 4, 5, 6, 7, 8, 10, 11]].any()
