@@ -15,8 +15,9 @@ gather of whole blocks and two batched matrix products, whatever the step's mix.
 What to gather and what to mask depends only on the step's metadata, not on the layer, so it is
 worked out once per step, as an ``AttentionPlan``, and reused by every layer: vLLM's backends
 likewise turn the step's common metadata into their own once per step (a metadata builder).
-The engine's CPU context (``PlannedAttention``) plans once and hands the plan to the backend's
-op; called without one, the op plans for itself. ``cpu_paged_attention`` is the CPU path with
+The engine's CPU context (``PlannedAttention``) hands every layer's call of the backend's op the
+same dict of plans, so the first call plans and the others reuse; called without it, the op
+plans for itself. ``cpu_paged_attention`` is the CPU path with
 the reference op's signature, held to it by the same tests as the kernel
 (``tests/test_paged_attention.py``).
 
@@ -25,6 +26,7 @@ of single slots: on a CPU, copying a few large contiguous chunks is several time
 an indexed copy of one short row per key.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -39,16 +41,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
                     sliding_window: int | None = None,
-                    plan: "AttentionPlan | None" = None) -> torch.Tensor:
+                    plans: "dict[int | None, AttentionPlan] | None" = None) -> torch.Tensor:
     """The reference ``paged_attention``'s signature and result (see reference/ops). On the CPU
-    path, ``plan`` is the step's plan when the caller has made it already."""
+    path, ``plans`` is the step's plans by sliding window: made by the first layer that needs
+    one, reused by the rest."""
     if q.is_cuda or interpreting():
         return triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
                                       query_start_loc, scale, sliding_window)
-    if plan is None:
-        plan = plan_attention(block_tables, seq_lens, query_start_loc, k_cache.shape[1],
-                              sliding_window)
-    return attend(plan, q, k_cache, v_cache, scale)
+    if plans is None:
+        plans = {}
+    if sliding_window not in plans:
+        plans[sliding_window] = plan_attention(block_tables, seq_lens, query_start_loc,
+                                               k_cache.shape[1], sliding_window)
+    return attend(plans[sliding_window], q, k_cache, v_cache, scale)
 # --8<-- [end:dispatch]
 
 
@@ -178,9 +183,9 @@ def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale) -> torch.Tenso
 
 # --8<-- [start:planned_context]
 class PlannedAttention(PagedAttention):
-    """The engine's CPU attention context: the step's plan is made by the first layer that
-    attends (one per sliding window: a model may mix windowed and full layers) and handed to
-    the backend's op by every layer."""
+    """The engine's CPU attention context: one dict of plans for the whole step, handed to the
+    backend's op by every layer. The first layer's call makes the plan (one per sliding window:
+    a model may mix windowed and full layers) and the others find it there."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -190,11 +195,17 @@ class PlannedAttention(PagedAttention):
         md, ops = self.metadata, self.backend
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
         ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
-        if sliding_window not in self.plans:
-            self.plans[sliding_window] = plan_attention(
-                md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu, k_cache.shape[1],
-                sliding_window)
         return ops.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens_cpu,
                                    md.query_start_loc_cpu, scale, sliding_window,
-                                   plan=self.plans[sliding_window])
+                                   plans=self.plans)
+
+
+def takes_plans(op) -> bool:
+    """Whether a backend's attention op is this tier's, passing ``plans=`` on to it: the op
+    itself, or a wrapper of it (functools.wraps, as a profiler's labels add) that takes that
+    keyword or any keyword. Any other op gets the reference's signature only."""
+    if inspect.unwrap(op) is not paged_attention:
+        return False
+    params = inspect.signature(op, follow_wrapped=False).parameters.values()
+    return any(p.name == "plans" or p.kind is p.VAR_KEYWORD for p in params)
 # --8<-- [end:planned_context]

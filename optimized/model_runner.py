@@ -13,15 +13,13 @@ with one launch. A decode batch of B sequences is padded to the next captured si
 rows write their K/V nowhere (slot -1), attend over one slot of block 0, and are never sampled.
 """
 
-import inspect
-
 import torch
 
 from pagedllm.kernels.runtime import interpreting
 from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
-from .attention import PlannedAttention, paged_attention
+from .attention import PlannedAttention, takes_plans
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -62,6 +60,7 @@ class ModelRunner:
         self.seq_lens = buffer(max_num_seqs, dtype=torch.int32)  # [B_max]
         self.query_start_loc = buffer(max_num_seqs + 1, dtype=torch.int32)  # [B_max + 1]
         # --8<-- [end:buffers]
+        self.plans_attention = takes_plans(backend.paged_attention)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
         self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
@@ -104,7 +103,7 @@ class ModelRunner:
     def _context(self, md: AttentionMetadata) -> PagedAttention:
         if self.device.type == "cuda":
             return DeviceAttention(md, self.k_caches, self.v_caches, self.backend)
-        if inspect.unwrap(self.backend.paged_attention) is paged_attention and not interpreting():
+        if self.plans_attention and not interpreting():
             # This tier's CPU path: one attention plan per step, reused by every layer.
             return PlannedAttention(md, self.k_caches, self.v_caches, self.backend)
         return PagedAttention(md, self.k_caches, self.v_caches, self.backend)

@@ -2,6 +2,7 @@
 or refused the same way, the same tokens on inputs that reach the CPU attention path's decode
 buckets and padded prefill batch, and an engine that survives a failing op."""
 
+import functools
 import random
 from dataclasses import replace
 
@@ -11,6 +12,8 @@ import torch
 import pagedllm.optimized as O
 import pagedllm.reference as R
 from pagedllm.optimized import OPTIMIZED_BACKEND
+from pagedllm.reference.model.config import load_config
+from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 
 def test_gpu_memory_utilization_is_checked_on_the_cpu_too(checkpoints):
@@ -83,3 +86,52 @@ def test_an_op_failing_once_leaves_the_optimized_engine_usable(checkpoints, op, 
     again = llm.generate(prompts, params, use_tqdm=False)
     fresh = R.LLM(checkpoints["llama"], **kwargs).generate(prompts, params, use_tqdm=False)
     assert outputs(again) == outputs(fresh)
+
+
+def test_a_model_mixing_windowed_and_full_layers_gives_the_reference_tokens(tmp_path):
+    """One plan per sliding window in a step: a Qwen2 with a windowed middle layer between two
+    full ones, prompts much longer than the window, chunked prefill."""
+    cfg = tiny_config("qwen2", num_hidden_layers=3, use_sliding_window=True, sliding_window=6,
+                      max_window_layers=1,
+                      layer_types=["full_attention", "sliding_attention", "full_attention"])
+    path = write_random_checkpoint(tmp_path / "qwen2-mixed", cfg, seed=0, init_std=0.2)
+    assert load_config(path).sliding_windows == (None, 6, None)
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(256) for _ in range(n)]}
+               for n in (1, 3, 20, 40, 9, 70)]
+    params = R.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    results = [outputs(tier.LLM(path, block_size=4, max_model_len=128,
+                                enable_chunked_prefill=True, max_num_batched_tokens=32)
+                       .generate(prompts, params, use_tqdm=False)) for tier in (R, O)]
+    assert results[0] == results[1]
+
+
+def test_a_wrapped_attention_op_keeps_working(checkpoints):
+    """A wrapper of the optimized op (functools.wraps, as timers and profilers write them) is
+    handed the step's plans only if it takes them: with the op's own signature it is called
+    with the reference's arguments, and either way the tokens are the plain tier's."""
+    op = OPTIMIZED_BACKEND.paged_attention
+    calls = {"strict": 0, "open": 0}
+
+    @functools.wraps(op)
+    def strict(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+               sliding_window=None):
+        calls["strict"] += 1
+        return op(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                  sliding_window)
+
+    @functools.wraps(op)
+    def open_(*args, **kwargs):
+        calls["open"] += 1
+        assert "plans" in kwargs
+        return op(*args, **kwargs)
+
+    prompts = [{"prompt_token_ids": list(range(2 + i, 9 + 3 * i))} for i in range(4)]
+    params = R.SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True)
+    plain = O.LLM(checkpoints["llama"], block_size=4).generate(prompts, params, use_tqdm=False)
+    for name, wrapper in (("strict", strict), ("open", open_)):
+        llm = O.LLM(checkpoints["llama"], block_size=4,
+                    backend=replace(OPTIMIZED_BACKEND, paged_attention=wrapper))
+        assert llm.engine.runner.plans_attention == (name == "open")
+        assert outputs(llm.generate(prompts, params, use_tqdm=False)) == outputs(plain)
+        assert calls[name] > 0

@@ -116,6 +116,16 @@ def test_engine_arguments_of_the_wrong_type(tier, checkpoints, kwargs, message):
         tier.LLM(checkpoints["llama"], **kwargs)
 
 
+def test_every_bit_of_the_engine_seed_counts(tier, checkpoints):
+    """Requests without a seed draw theirs from the engine's seed, all 64 bits of it."""
+    params = tier.SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    runs = [tier.LLM(checkpoints["llama"], seed=seed).generate(prompt, params, use_tqdm=False)
+            for seed in (1, 2**32 + 1, 1)]
+    tokens = [r[0].outputs[0].token_ids for r in runs]
+    assert tokens[0] == tokens[2] and tokens[0] != tokens[1]
+
+
 def test_beam_search_is_validated_like_generate(tier, checkpoints):
     path = checkpoints["opt"]  # learned positions: a position past the table is an IndexError
     positions = load_config(path).max_position_embeddings

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from pagedllm.optimized.attention import cpu_paged_attention, plan_attention
+from pagedllm.optimized.attention import cpu_paged_attention
 from pagedllm.optimized.attention import paged_attention as optimized_paged_attention
 from pagedllm.optimized.backend import OPTIMIZED_BACKEND
 from pagedllm.reference import ContiguousCache, load_model
@@ -42,9 +42,9 @@ def filled_pool(seq_lens, num_blocks=24):
     return manager, cache, dense
 
 
-def tables(manager, n):
+def tables(manager, n, pad: int = 0):
     width = max(len(manager.block_table(i)) for i in range(n))
-    return torch.tensor([manager.block_table(i) + [0] * (width - len(manager.block_table(i)))
+    return torch.tensor([manager.block_table(i) + [pad] * (width - len(manager.block_table(i)))
                          for i in range(n)], dtype=torch.int32)
 
 
@@ -165,11 +165,12 @@ def test_a_small_pool_is_refused_clearly(checkpoints):
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), window=st.sampled_from([None, 1, 3, 9]))
-def test_the_optimized_cpu_plan_matches_the_reference_op(data, window):
-    """Random mixes of decodes (spread over several length buckets), chunks and whole prompts:
-    the optimized tier's CPU path equals the reference op, on a NaN-poisoned pool, and one plan
-    serves a second layer's caches as it serves the first's."""
+@given(data=st.data(), window=st.sampled_from([None, 1, 3, 9]), pad=st.sampled_from([0, -1, 39]))
+def test_the_optimized_cpu_plan_matches_the_reference_op(data, window, pad):
+    """Random mixes of decodes (spread over several length buckets), chunks and whole prompts,
+    block tables padded with block 0, with -1 or with another sequence's block: the optimized
+    tier's CPU path equals the reference op, on a NaN-poisoned pool, and one step's plans serve
+    a second layer's caches as they serve the first's."""
     seq_lens = data.draw(st.lists(st.integers(1, 23), min_size=1, max_size=6), label="seq_lens")
     query_lens = [data.draw(st.sampled_from([1, 1, n, max(1, n // 2)]), label="q_len")
                   for n in seq_lens]
@@ -177,13 +178,15 @@ def test_the_optimized_cpu_plan_matches_the_reference_op(data, window):
     _, second, _ = filled_pool(seq_lens, num_blocks=40)  # another layer: same tables, new K/V
     starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
     table = tables(manager, len(seq_lens))
+    padded = tables(manager, len(seq_lens), pad)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     q = torch.randn(int(starts[-1]), HEADS, HEAD_DIM)
-    plan = plan_attention(table, lens, starts, BLOCK, window)
+    plans = {}
     for layer in (cache, second):
         want = paged_attention(q, layer.gpu_k[0], layer.gpu_v[0], table, lens, starts, 0.5,
                                window)
-        got = optimized_paged_attention(q, layer.gpu_k[0], layer.gpu_v[0], table, lens, starts,
-                                        0.5, window, plan=plan)
+        got = optimized_paged_attention(q, layer.gpu_k[0], layer.gpu_v[0], padded, lens,
+                                        starts, 0.5, window, plans=plans)
+        assert list(plans) == [window]  # planned by the first layer, reused by the second
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
         assert not torch.isnan(got).any()

@@ -17,6 +17,7 @@ faster tier changes only the middle (the backend's ops, or its own model runner)
 """
 
 import itertools
+import random
 from collections.abc import Callable
 
 import torch
@@ -70,7 +71,9 @@ class LLMEngine:
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         self.scheduler = Scheduler(sc, self.kv)
         self.groups: dict[str, SequenceGroup] = {}
-        self.seed_stream = torch.Generator().manual_seed(seed)  # for requests without a seed
+        # Seeds for requests without one. random.Random takes every bit of the engine's seed
+        # (torch's CPU generator keeps 32 of them: seeds 1 and 2**32 + 1 would be the same).
+        self.seed_stream = random.Random(seed)
         self._arrivals = itertools.count()
         self.device = param.device
         self.step_observers: list[StepObserver] = []
@@ -111,7 +114,7 @@ class LLMEngine:
                              "more blocks")
         seed = getattr(params, "seed", None)
         if seed is None:
-            seed = int(torch.randint(2**62, (1,), generator=self.seed_stream))
+            seed = self.seed_stream.getrandbits(62)
         group = SequenceGroup(request_id, [], params, next(self._arrivals), seed, prompt=text)
         group.seqs.append(Sequence(next_seq_id(), ids))
         self.groups[request_id] = group
