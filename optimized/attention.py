@@ -17,9 +17,8 @@ worked out once per step, as an ``AttentionPlan``, and reused by every layer: vL
 likewise turn the step's common metadata into their own once per step (a metadata builder).
 The engine's CPU context (``PlannedAttention``) hands every layer's call of the backend's op the
 same dict of plans, so the first call plans and the others reuse; called without it, the op
-plans for itself. ``cpu_paged_attention`` is the CPU path with
-the reference op's signature, held to it by the same tests as the kernel
-(``tests/test_paged_attention.py``).
+plans for itself. ``cpu_paged_attention`` is the CPU path with the reference op's signature,
+held to it by the same tests as the kernel (``tests/test_paged_attention.py``).
 
 Gathers are of whole blocks (``index_select`` of [block_size, kv_heads, head_dim] chunks), not
 of single slots: on a CPU, copying a few large contiguous chunks is several times faster than
@@ -80,8 +79,7 @@ class PaddedBatch:
 
 @dataclass
 class AttentionPlan:
-    num_rows: int  # T, the step's query rows
-    batches: list[PaddedBatch]
+    batches: list[PaddedBatch]  # a step's query rows, each in exactly one batch
 
 
 def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -102,7 +100,7 @@ def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
     if longer.numel():
         batches.append(_padded_batch(block_tables[longer], seq_lens[longer], starts[longer],
                                      q_lens[longer], block_size, sliding_window))
-    return AttentionPlan(int(starts[-1]), batches)
+    return AttentionPlan(batches)
 
 
 def _padded_batch(block_tables, seq_lens, starts, q_lens, block_size, sliding_window):
