@@ -12,7 +12,7 @@ from ..model.registry import FLOAT_DTYPES
 from ..ops import REFERENCE_BACKEND, Backend
 from .beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .chat import chat_prompt
-from .engine import LLMEngine
+from .engine import LLMEngine, check_backend
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import SchedulerConfig
@@ -44,6 +44,9 @@ class LLM:
         if dtype not in FLOAT_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; choose one of "
                              f"{tuple(FLOAT_DTYPES)}")
+        # The engine checks these again; here too, so that a typo fails before the weights load.
+        check_int("seed", seed, low=0, high=2**64 - 1)
+        check_backend(backend)
         model = resolve_model(model, dtype)  # a name or a GGUF file -> a checkpoint folder
         cfg = load_config(model)
         check_int("block_size", block_size, low=1)
