@@ -9,8 +9,9 @@ gather of whole blocks and two batched matrix products, whatever the step's mix.
 - The decodes (one query row each) are split into a few buckets of similar lengths. A padded
   batch reads every sequence's keys up to the longest one's length (the rest masked); with
   lengths spread from tens to hundreds of tokens, most of one batch's reads would be padding.
-- Every sequence with more than one query row (prompts, chunks) goes into one batch, its queries
-  padded to the longest.
+- The sequences with more than one query row (prompts, chunks) are bucketed the same way, apart
+  from the decodes, their queries padded to the longest of their bucket: a padded batch of
+  prompts costs (longest query run) x (longest context) per member.
 
 What to gather and what to mask depends only on the step's metadata, not on the layer, so it is
 worked out once per step, as an ``AttentionPlan``, and reused by every layer: vLLM's backends
@@ -85,7 +86,8 @@ class AttentionPlan:
 def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
                    query_start_loc: torch.Tensor, block_size: int,
                    sliding_window: int | None = None) -> AttentionPlan:
-    """The step's padded batches: the decodes in buckets of similar length, the rest in one."""
+    """The step's padded batches: the decodes in buckets of similar length, then the prompts
+    and chunks in buckets of their own."""
     starts = query_start_loc.to("cpu", torch.int64)  # [B + 1]
     q_lens = starts[1:] - starts[:-1]  # [B]
     seq_lens = seq_lens.to("cpu", torch.int64)
@@ -97,9 +99,10 @@ def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
         batches.append(_padded_batch(block_tables[seqs], seq_lens[seqs], starts[seqs],
                                      q_lens[seqs], block_size, sliding_window))
     longer = (q_lens > 1).nonzero()[:, 0]  # [P]
-    if longer.numel():
-        batches.append(_padded_batch(block_tables[longer], seq_lens[longer], starts[longer],
-                                     q_lens[longer], block_size, sliding_window))
+    for bucket in length_buckets(seq_lens[longer].tolist()):
+        seqs = longer[bucket]
+        batches.append(_padded_batch(block_tables[seqs], seq_lens[seqs], starts[seqs],
+                                     q_lens[seqs], block_size, sliding_window))
     return AttentionPlan(batches)
 
 
