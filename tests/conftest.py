@@ -1,11 +1,14 @@
 """Shared fixtures: small random-weight checkpoints of every family, written once per session."""
 
+import functools
 import importlib
+from dataclasses import replace
 
 import pytest
 import torch
 
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
+from pagedllm.reference.ops import REFERENCE_BACKEND
 
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "opt")
 
@@ -42,3 +45,20 @@ def checkpoints(tmp_path_factory) -> dict:
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+def failing_backend(op: str, after: int, backend=REFERENCE_BACKEND):
+    """The backend, except that op raises on its call number `after` (and only then). The
+    wrapper keeps the op's identity (functools.wraps), so an engine takes the same path with it
+    as with the op itself (the optimized tier's CPU attention plans, for one)."""
+    calls = {"n": 0}
+    original = getattr(backend, op)
+
+    @functools.wraps(original)
+    def broken(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == after:
+            raise RuntimeError(f"injected failure in {op}")
+        return original(*args, **kwargs)
+
+    return replace(backend, **{op: broken})

@@ -15,6 +15,8 @@ from pagedllm.optimized import OPTIMIZED_BACKEND
 from pagedllm.reference.model.config import load_config
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
+from .conftest import failing_backend
+
 
 def test_gpu_memory_utilization_is_checked_on_the_cpu_too(checkpoints):
     path = checkpoints["llama"]
@@ -66,17 +68,8 @@ def test_long_mixed_batches_give_the_reference_tokens(checkpoints, family, kwarg
 @pytest.mark.parametrize("op, after", [("paged_attention", 5), ("sample", 2),
                                        ("swap_blocks", 1), ("rms_norm", 9)])
 def test_an_op_failing_once_leaves_the_optimized_engine_usable(checkpoints, op, after):
-    calls = {"n": 0}
-    original = getattr(OPTIMIZED_BACKEND, op)
-
-    def broken(*args, **kw):
-        calls["n"] += 1
-        if calls["n"] == after:
-            raise RuntimeError(f"injected failure in {op}")
-        return original(*args, **kw)
-
     kwargs = dict(block_size=2, num_gpu_blocks=24, preemption_mode="swap", swap_space_blocks=64)
-    llm = O.LLM(checkpoints["llama"], backend=replace(OPTIMIZED_BACKEND, **{op: broken}),
+    llm = O.LLM(checkpoints["llama"], backend=failing_backend(op, after, OPTIMIZED_BACKEND),
                 **kwargs)
     prompts = [{"prompt_token_ids": list(range(3 + i, 12 + i))} for i in range(3)]
     params = R.SamplingParams(n=2, temperature=0.9, seed=1, max_tokens=8, ignore_eos=True)

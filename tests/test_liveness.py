@@ -6,14 +6,14 @@ finish within a bound on the number of steps computed from the requests' sizes, 
 block behind; what it refuses must be refused at add_request with a ValueError.
 """
 
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pagedllm.reference import LLM, BeamSearchParams, SamplingParams
-from pagedllm.reference.ops import REFERENCE_BACKEND
+
+from .conftest import failing_backend
 
 SHARED = list(range(100, 111))
 
@@ -106,20 +106,6 @@ def test_a_swapped_parallel_group_asks_only_for_what_it_needs():
     assert kv.num_free_blocks == 7 and kv.can_swap_in(group)  # 5 blocks, no spare needed
     kv.swap_in(group)
     assert kv.num_free_blocks == 2
-
-
-def failing_backend(op: str, after: int):
-    """The reference backend, except that op raises on its call number `after`."""
-    calls = {"n": 0}
-    original = getattr(REFERENCE_BACKEND, op)
-
-    def broken(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == after:
-            raise RuntimeError(f"injected failure in {op}")
-        return original(*args, **kwargs)
-
-    return replace(REFERENCE_BACKEND, **{op: broken})
 
 
 @pytest.mark.parametrize("op, after", [("paged_attention", 7), ("sample", 3),
