@@ -1,21 +1,23 @@
 """The optimized tier: the reference engine's behaviour, fast.
 
 Same API as ``pagedllm.reference`` (``LLM``, ``LLMEngine``, ``SamplingParams``,
-``BeamSearchParams``) and the same results. It reuses the reference's scheduler, KV cache
-manager, step inputs, sampling parameters, stop checks and outputs, and replaces model execution:
-merged projections (``layers.py``), the Triton kernels or a vectorized CPU path (``backend.py``,
-``attention.py``), persistent step buffers and CUDA graphs (``model_runner.py``), and vLLM's
-profiled KV pool sizing on CUDA (``engine.py``). Paged layout and continuous batching only: the
-contiguous and static baselines are the reference tier's.
+``BeamSearchParams``) and the same results. There is one engine (``LLMEngine`` is the
+reference's): scheduler, KV cache manager, step inputs, sampling parameters, stop checks and
+outputs. This tier is a model runner (``model_runner.py``): merged projections (``layers.py``),
+the Triton kernels or a vectorized CPU path (``backend.py``, ``attention.py``), persistent step
+buffers and CUDA graphs, and vLLM's profiled KV pool sizing on CUDA (``kv_sizing.py``).
+``LLM`` and ``EngineArgs`` choose it. Paged layout and continuous batching only: the contiguous
+and static baselines are the reference tier's.
 """
 
 from pagedllm.reference.engine.beam_search import BeamSearchParams
+from pagedllm.reference.engine.engine import LLMEngine
 from pagedllm.reference.engine.outputs import CompletionOutput, RequestOutput
 from pagedllm.reference.engine.sampling_params import SamplingParams
 
 from .backend import OPTIMIZED_BACKEND
-from .engine import LLMEngine
-from .llm import LLM
+from .llm import LLM, EngineArgs
+from .model_runner import ModelRunner
 
-__all__ = ["OPTIMIZED_BACKEND", "BeamSearchParams", "CompletionOutput", "LLM", "LLMEngine",
-           "RequestOutput", "SamplingParams"]
+__all__ = ["OPTIMIZED_BACKEND", "BeamSearchParams", "CompletionOutput", "EngineArgs", "LLM",
+           "LLMEngine", "ModelRunner", "RequestOutput", "SamplingParams"]

@@ -1,10 +1,11 @@
-"""Paged attention for the optimized tier: the Triton kernel, or a vectorized torch path on the CPU.
+"""Paged attention for the optimized tier on a CPU: a vectorized torch path.
 
-On CUDA tensors (or on the CPU under ``TRITON_INTERPRET=1``) this is ``kernels.paged_attention``:
+On CUDA (or on the CPU under ``TRITON_INTERPRET=1``) the tier runs ``kernels.paged_attention``:
 one kernel for every query shape. On a CPU without the interpreter, Triton cannot run, and the
 reference's definition loops over the prompts and chunks of a step one sequence at a time. This
 path has no loop over sequences: it attends to a few *padded batches* of sequences, each one
-gather of whole blocks and two batched matrix products, whatever the step's mix.
+gather of whole blocks and two batched matrix products, whatever the step's mix. Which of the
+two runs is decided once, when the model runner is built (``model_runner.py``).
 
 - The decodes (one query row each) are split into a few buckets of similar lengths. A padded
   batch reads every sequence's keys up to the longest one's length (the rest masked); with
@@ -16,50 +17,26 @@ gather of whole blocks and two batched matrix products, whatever the step's mix.
 What to gather and what to mask depends only on the step's metadata, not on the layer, so it is
 worked out once per step, as an ``AttentionPlan``, and reused by every layer: vLLM's backends
 likewise turn the step's common metadata into their own once per step (a metadata builder).
-The engine's CPU context (``PlannedAttention``) hands every layer's call of the backend's op the
-same dict of plans, so the first call plans and the others reuse; called without it, the op
-plans for itself. ``cpu_paged_attention`` is the CPU path with the reference op's signature,
-held to it by the same tests as the kernel (``tests/test_paged_attention.py``).
+The runner builds one ``PlannedAttention`` context per step; it holds the step's plans.
+``cpu_paged_attention`` is the same path with the reference op's signature (it plans for
+itself), held to the reference by the same tests as the kernel (``tests/test_paged_attention.py``).
 
 Gathers are of whole blocks (``index_select`` of [block_size, kv_heads, head_dim] chunks), not
 of single slots: on a CPU, copying a few large contiguous chunks is several times faster than
 an indexed copy of one short row per key.
 """
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 
-from pagedllm.kernels.paged_attention import paged_attention as triton_paged_attention
-from pagedllm.kernels.runtime import interpreting
 from pagedllm.reference.model import PagedAttention
-
-
-# --8<-- [start:dispatch]
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                    query_start_loc: torch.Tensor, scale: float,
-                    sliding_window: int | None = None,
-                    plans: "dict[int | None, AttentionPlan] | None" = None) -> torch.Tensor:
-    """The reference ``paged_attention``'s signature and result (see reference/ops). On the CPU
-    path, ``plans`` is the step's plans by sliding window: made by the first layer that needs
-    one, reused by the rest."""
-    if q.is_cuda or interpreting():
-        return triton_paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
-                                      query_start_loc, scale, sliding_window)
-    if plans is None:
-        plans = {}
-    if sliding_window not in plans:
-        plans[sliding_window] = plan_attention(block_tables, seq_lens, query_start_loc,
-                                               k_cache.shape[1], sliding_window)
-    return attend(plans[sliding_window], q, k_cache, v_cache, scale)
-# --8<-- [end:dispatch]
 
 
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                         sliding_window=None) -> torch.Tensor:
-    """The CPU path, interpreter or not: plan the step, then attend. [T, heads, head_dim]."""
+    """The CPU path as one op with the reference's signature: plan, then attend.
+    q [T, heads, head_dim] -> [T, heads, head_dim]."""
     plan = plan_attention(block_tables, seq_lens, query_start_loc, k_cache.shape[1],
                           sliding_window)
     return attend(plan, q, k_cache, v_cache, scale)
@@ -184,29 +161,22 @@ def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale) -> torch.Tenso
 
 # --8<-- [start:planned_context]
 class PlannedAttention(PagedAttention):
-    """The engine's CPU attention context: one dict of plans for the whole step, handed to the
-    backend's op by every layer. The first layer's call makes the plan (one per sliding window:
-    a model may mix windowed and full layers) and the others find it there."""
+    """The runner's CPU attention context, built once per step from the step's metadata:
+    it plans the step's padded batches (one plan per sliding window: a model may mix windowed
+    and full layers) the first time a layer asks, and every later layer reuses the plan.
+    Its K/V writes are the backend's store_kv; its attention is ``attend`` on the plan."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.plans: dict[int | None, AttentionPlan] = {}
 
     def attend(self, layer, q, k, v, positions, scale, sliding_window=None):
-        md, ops = self.metadata, self.backend
+        md = self.metadata
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
-        return ops.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens_cpu,
-                                   md.query_start_loc_cpu, scale, sliding_window,
-                                   plans=self.plans)
-
-
-def takes_plans(op) -> bool:
-    """Whether a backend's attention op is this tier's, passing ``plans=`` on to it: the op
-    itself, or a wrapper of it (functools.wraps, as a profiler's labels add) that takes that
-    keyword or any keyword. Any other op gets the reference's signature only."""
-    if inspect.unwrap(op) is not paged_attention:
-        return False
-    params = inspect.signature(op, follow_wrapped=False).parameters.values()
-    return any(p.name == "plans" or p.kind is p.VAR_KEYWORD for p in params)
+        self.backend.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        if sliding_window not in self.plans:
+            self.plans[sliding_window] = plan_attention(
+                md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu, k_cache.shape[1],
+                sliding_window)
+        return attend(self.plans[sliding_window], q, k_cache, v_cache, scale)
 # --8<-- [end:planned_context]

@@ -1,11 +1,11 @@
-"""The optimized tier's ops: the Triton kernels, with a vectorized CPU path for attention and
-asynchronous swapping.
+"""The optimized tier's ops: the Triton kernels, and asynchronous swapping.
 
 Every launcher in ``kernels/`` runs its kernel on CUDA tensors (and on CPU tensors under
 ``TRITON_INTERPRET=1``) and its torch twin otherwise. The twins of the small ops are already
-vectorized; the twin of paged attention loops over prompts, so on the CPU this tier uses
-``attention.cpu_paged_attention`` instead. Swapping is a copy, not a kernel; on CUDA this tier
-queues it without waiting (``swap_blocks`` below).
+vectorized; the twin of paged attention loops over prompts, so on a plain CPU the model runner
+attends through ``attention.PlannedAttention`` instead of this bundle's attention op (it decides
+so once, when it is built). Swapping is a copy, not a kernel; on CUDA this tier queues it
+without waiting (``swap_blocks`` below).
 """
 
 from dataclasses import replace
@@ -14,8 +14,6 @@ import torch
 
 from pagedllm.kernels.backend import TRITON_BACKEND
 from pagedllm.reference.ops import swap_blocks as swap_blocks_reference
-
-from .attention import paged_attention
 
 
 # --8<-- [start:swap_blocks]
@@ -38,6 +36,5 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
 
 
 # --8<-- [start:backend]
-OPTIMIZED_BACKEND = replace(TRITON_BACKEND, paged_attention=paged_attention,
-                            swap_blocks=swap_blocks)
+OPTIMIZED_BACKEND = replace(TRITON_BACKEND, swap_blocks=swap_blocks)
 # --8<-- [end:backend]

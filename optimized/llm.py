@@ -1,5 +1,6 @@
-"""LLM for the optimized tier: the reference's LLM (checks, KV sizing, tokenizer, request loop)
-with the optimized engine, and two options of its own, as vLLM names them:
+"""LLM and EngineArgs for the optimized tier: the one engine, with this tier's model runner and
+ops chosen by default. Everything else — the checks, the KV sizing, the tokenizer, the request
+loop — is the reference's. Two options matter here only, as vLLM names them:
 
 - ``enforce_eager=True`` turns CUDA graphs off;
 - ``gpu_memory_utilization`` (default 0.9): on CUDA, when neither ``num_gpu_blocks`` nor
@@ -7,31 +8,26 @@ with the optimized engine, and two options of its own, as vLLM names them:
   gets what the weights and a profiled step's activations leave of it.
 """
 
-import inspect
+from dataclasses import dataclass
 
+from pagedllm.reference.engine.config import EngineArgs as ReferenceEngineArgs
 from pagedllm.reference.engine.llm import LLM as ReferenceLLM
-from pagedllm.reference.engine.validation import check_float
+from pagedllm.reference.ops import Backend
 
 from .backend import OPTIMIZED_BACKEND
-from .engine import LLMEngine
+from .model_runner import ModelRunner
+
+
+@dataclass
+class EngineArgs(ReferenceEngineArgs):
+    """The reference's EngineArgs, this tier's runner and ops by default."""
+
+    backend: Backend = OPTIMIZED_BACKEND
+    model_runner: type = ModelRunner
 
 
 class LLM(ReferenceLLM):
-    engine_class = LLMEngine
+    """``pagedllm.reference.LLM`` on the optimized model runner: same options, same results."""
 
-    def __init__(self, model, *args, backend=OPTIMIZED_BACKEND, enforce_eager: bool = False,
-                 gpu_memory_utilization: float = 0.9, **kwargs):
-        # Checked on every device, though only CUDA uses it: a typo must not pass on a laptop
-        # and fail on the server.
-        check_float("gpu_memory_utilization", gpu_memory_utilization, low=0.0, high=1.0,
-                    low_open=True)
-        given = inspect.signature(ReferenceLLM.__init__).bind(self, model, *args, **kwargs)
-        sized = any(given.arguments.get(name) is not None
-                    for name in ("num_gpu_blocks", "kv_cache_memory"))
-        self._engine_options = {
-            "enforce_eager": enforce_eager,
-            "gpu_memory_utilization": None if sized else gpu_memory_utilization}
-        super().__init__(model, *args, backend=backend, **kwargs)
-
-    def engine_options(self) -> dict:
-        return self._engine_options
+    def __init__(self, model, *args, **options):
+        super().__init__(EngineArgs(model, *args, **options))

@@ -6,6 +6,13 @@ metadata is copied into buffers allocated once, at the largest size the schedule
 and the model reads views of them. Nothing about the step's content changes: the inputs are the
 reference's ``prepare_inputs`` output, copied.
 
+What else this runner owns: the merged projections (``layers.py``, done when it is built), the
+KV pool's size on CUDA (``kv_sizing.py``), and which attention runs — decided once, here, from
+the device: the kernel with device-side metadata on CUDA, the kernels under the interpreter on
+a CPU with ``TRITON_INTERPRET=1``, and otherwise the vectorized CPU path planned once per step
+(``attention.py``). A backend whose attention op was swapped (a wrapper, a failing op in a
+test) is called as it is, with the reference's arguments.
+
 Fixed addresses are what CUDA graphs need. A decode step launches a few kernels per layer, each
 doing microseconds of work after a few microseconds of CPU-side launch cost; on a small model the
 GPU waits for the CPU. A CUDA graph records the whole forward once per batch size and replays it
@@ -15,11 +22,15 @@ rows write their K/V nowhere (slot -1), attend over one slot of block 0, and are
 
 import torch
 
+from pagedllm.kernels.paged_attention import paged_attention as triton_paged_attention
 from pagedllm.kernels.runtime import interpreting
+from pagedllm.reference.engine.model_runner import ModelRunner as ReferenceModelRunner
 from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
-from .attention import PlannedAttention, takes_plans
+from .attention import PlannedAttention
+from .kv_sizing import profile_num_blocks
+from .layers import merge_projections
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -41,14 +52,19 @@ class DeviceAttention(PagedAttention):
                                    md.query_start_loc, scale, sliding_window)
 
 
-class ModelRunner:
-    def __init__(self, model, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                 backend, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, block_size: int, enforce_eager: bool = False):
-        self.model, self.k_caches, self.v_caches, self.backend = model, k_caches, v_caches, backend
-        self.device = next(model.parameters()).device
-        self.max_blocks = -(-max_model_len // block_size)
-        tokens = max(max_num_batched_tokens, max_num_seqs)
+class ModelRunner(ReferenceModelRunner):
+    tier = "optimized"
+    runs_baselines = False  # paged layout and continuous batching only
+    profiles_kv_cache = True
+    captures_graphs = True
+
+    def __init__(self, model, config):
+        super().__init__(merge_projections(model), config)
+        sc = config.scheduler_config
+        self.config = config
+        self.device = next(self.model.parameters()).device
+        self.max_blocks = -(-sc.max_model_len // config.block_size)
+        tokens = max(sc.max_num_batched_tokens, sc.max_num_seqs)
 
         # --8<-- [start:buffers]
         def buffer(*shape, dtype=torch.int64):
@@ -56,14 +72,30 @@ class ModelRunner:
 
         self.input_ids, self.positions = buffer(tokens), buffer(tokens)  # [T_max]
         self.slot_mapping = buffer(tokens)  # [T_max]
-        self.block_tables = buffer(max_num_seqs, self.max_blocks, dtype=torch.int32)
-        self.seq_lens = buffer(max_num_seqs, dtype=torch.int32)  # [B_max]
-        self.query_start_loc = buffer(max_num_seqs + 1, dtype=torch.int32)  # [B_max + 1]
+        self.block_tables = buffer(sc.max_num_seqs, self.max_blocks, dtype=torch.int32)
+        self.seq_lens = buffer(sc.max_num_seqs, dtype=torch.int32)  # [B_max]
+        self.query_start_loc = buffer(sc.max_num_seqs + 1, dtype=torch.int32)  # [B_max + 1]
         # --8<-- [end:buffers]
-        self.plans_attention = takes_plans(backend.paged_attention)
+        self.attention = self._attention_context()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.use_graphs = self.device.type == "cuda" and not enforce_eager
-        self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
+        self.use_graphs = self.device.type == "cuda" and not config.enforce_eager
+        self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= sc.max_num_seqs]
+
+    # --8<-- [start:attention_context]
+    def _attention_context(self) -> type[PagedAttention]:
+        """Which attention context every step builds: decided here, once."""
+        if self.device.type == "cuda":
+            return DeviceAttention  # the kernel, reading device-side lengths (graph-capturable)
+        if interpreting() or self.backend.paged_attention is not triton_paged_attention:
+            return PagedAttention  # the kernels under the interpreter, or a swapped-in op
+        return PlannedAttention  # the kernel cannot run here: the vectorized CPU path
+    # --8<-- [end:attention_context]
+
+    def profile_num_blocks(self) -> int:
+        sc = self.config.scheduler_config
+        return profile_num_blocks(self.model, self.backend, self.config.block_size,
+                                  sc.max_num_batched_tokens, sc.max_model_len,
+                                  self.config.gpu_memory_utilization)
 
     # -- copying a step into the buffers --------------------------------------------------------
     # --8<-- [start:load]
@@ -101,12 +133,8 @@ class ModelRunner:
             query_start_loc_cpu=host.query_start_loc_cpu if host else None)
 
     def _context(self, md: AttentionMetadata) -> PagedAttention:
-        if self.device.type == "cuda":
-            return DeviceAttention(md, self.k_caches, self.v_caches, self.backend)
-        if self.plans_attention and not interpreting():
-            # This tier's CPU path: one attention plan per step, reused by every layer.
-            return PlannedAttention(md, self.k_caches, self.v_caches, self.backend)
-        return PagedAttention(md, self.k_caches, self.v_caches, self.backend)
+        """The step's attention context, built once per step from its metadata."""
+        return self.attention(md, self.k_caches, self.v_caches, self.backend)
 
     # -- the forward ----------------------------------------------------------------------------
     # --8<-- [start:execute]

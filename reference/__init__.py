@@ -18,7 +18,9 @@ from .engine import (
     BeamSearchOutput,
     BeamSearchParams,
     CompletionOutput,
+    EngineArgs,
     LLMEngine,
+    ModelRunner,
     RequestOutput,
     SamplingParams,
     generate,
@@ -33,5 +35,5 @@ from .model import (
 )
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "ContiguousCache",
-           "LLMEngine", "ModelConfig", "NoCache", "RequestOutput", "SUPPORTED_MODEL_TYPES",
+           "EngineArgs", "LLMEngine", "ModelRunner", "ModelConfig", "NoCache", "RequestOutput", "SUPPORTED_MODEL_TYPES",
            "SamplingParams", "generate", "load_config", "load_model"]

@@ -6,6 +6,9 @@ import argparse
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20  # 1 MiB: about 250,000 tokens of prompt text
 DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPE_HELP = ("auto (the default): the checkpoint's dtype on CUDA (bfloat16 for SmolLM2 and the "
+              "Llama family), float32 on the CPU")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +26,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tier", choices=("optimized", "reference"), default="optimized")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when "
                         "available)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16",
-                                                            "bfloat16"),
-                        help="auto is float32, the dtype the engine is tested in")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, help="prompt + output tokens per request "
                         "(default: the model's positions)")

@@ -19,11 +19,11 @@ import torch
 from pagedllm.reference import generate
 from pagedllm.reference import kv_size as kv_size_cmd
 from pagedllm.reference.engine.chat import chat_prompt, chat_template_of
-from pagedllm.reference.engine.engine import KV_LAYOUTS
+from pagedllm.reference.engine.config import KV_LAYOUTS
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
 
-from .args import add_serve_arguments
+from .args import DTYPE_HELP, add_serve_arguments
 from .default_model import default_model_dir
 
 DEMO_PROMPTS = ["The for statement is used to", "Return a list of the", "This module provides"]
@@ -206,7 +206,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .api_server import serve  # FastAPI and uvicorn load only for this command
+    from .launch import serve  # FastAPI and uvicorn load only for this command
 
     try:
         return serve(args)
@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--kv-layout", choices=KV_LAYOUTS, default="paged")
     gen.add_argument("--block-size", type=int, default=16)
     gen.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
-    gen.add_argument("--dtype", default="float32")
+    gen.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     gen.add_argument("--ignore-eos", action="store_true")
     gen.set_defaults(func=cmd_generate)
 
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     chat.add_argument("--top-p", type=float, default=1.0)
     chat.add_argument("--seed", type=int, default=0)
-    chat.add_argument("--dtype", default="float32")
+    chat.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     chat.set_defaults(func=cmd_chat)
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (streaming, metrics)",

@@ -34,7 +34,7 @@ def run(tier, path, prompts, params, **engine_args):
     assert stats["blocks_used"] == 0, "memory leaked after the workload"
     if stats["kv_layout"] == "paged":
         manager = llm.engine.kv.manager
-        assert manager.num_free_gpu_blocks == manager.gpu.num_blocks and not manager.tables
+        assert manager.num_free_gpu_blocks == manager.gpu.num_blocks and manager.num_seqs == 0
         assert manager.num_free_cpu_blocks == manager.cpu.num_blocks
     return [o.outputs[0].token_ids for o in outs], stats
 

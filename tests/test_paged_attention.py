@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from pagedllm.optimized.attention import cpu_paged_attention
-from pagedllm.optimized.attention import paged_attention as optimized_paged_attention
+from pagedllm.optimized.attention import attend, cpu_paged_attention, plan_attention
 from pagedllm.optimized.backend import OPTIMIZED_BACKEND
 from pagedllm.reference import ContiguousCache, load_model
 from pagedllm.reference.engine.generate import generate_many
@@ -181,12 +180,10 @@ def test_the_optimized_cpu_plan_matches_the_reference_op(data, window, pad):
     padded = tables(manager, len(seq_lens), pad)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     q = torch.randn(int(starts[-1]), HEADS, HEAD_DIM)
-    plans = {}
+    plan = plan_attention(padded, lens, starts, cache.gpu_k[0].shape[1], window)  # once a step
     for layer in (cache, second):
         want = paged_attention(q, layer.gpu_k[0], layer.gpu_v[0], table, lens, starts, 0.5,
                                window)
-        got = optimized_paged_attention(q, layer.gpu_k[0], layer.gpu_v[0], padded, lens,
-                                        starts, 0.5, window, plans=plans)
-        assert list(plans) == [window]  # planned by the first layer, reused by the second
+        got = attend(plan, q, layer.gpu_k[0], layer.gpu_v[0], 0.5)
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
         assert not torch.isnan(got).any()

@@ -27,7 +27,7 @@ def consistent(llm) -> None:
     manager = llm.engine.kv.manager
     cache = manager.prefix_cache
     assert all(cache.key_of[block] == key for key, block in cache.block_of.items())
-    assert llm.stats()["blocks_used"] == 0 and not manager.tables
+    assert llm.stats()["blocks_used"] == 0 and manager.num_seqs == 0
 
 
 def test_shared_system_prompt_same_tokens_fewer_prefill_tokens(tier, checkpoints):

@@ -53,7 +53,7 @@ def run_workload(tier, path, reqs, beams, **engine_args):
                  for i, bp in enumerate(beam_params)]
     manager = llm.engine.kv.manager
     assert all(c >= 0 for c in manager.gpu.ref_counts + manager.cpu.ref_counts)
-    assert manager.num_free_gpu_blocks == manager.gpu.num_blocks and not manager.tables
+    assert manager.num_free_gpu_blocks == manager.gpu.num_blocks and manager.num_seqs == 0
     assert manager.num_free_cpu_blocks == manager.cpu.num_blocks
     return outs, beam_outs, llm.stats()
 

@@ -34,7 +34,7 @@ def continuous_step(impl):
 def snapshot(scheduler: Scheduler):
     """What your function is given: the queues in arrival order and the free blocks."""
     kv = scheduler.kv
-    running = [(g.request_id, kv.manager.tables[g.seqs[0].seq_id].num_tokens)
+    running = [(g.request_id, kv.manager.num_tokens(g.seqs[0].seq_id))
                for g in sorted(scheduler.running, key=lambda g: g.arrival)]
     waiting = [(g.request_id, g.seqs[0].num_uncomputed_tokens) for g in scheduler.waiting]
     return running, waiting, kv.num_free_blocks

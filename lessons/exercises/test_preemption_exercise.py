@@ -59,7 +59,7 @@ def run(decode_step, seed: int, mode: str, block_size: int, num_gpu_blocks: int,
             scheduler.add(make_group(f"r{arrivals}", prompt, rng.randint(4, 8 * block_size),
                                      arrivals))
             arrivals += 1
-        running = [(g.request_id, scheduler.kv.manager.tables[g.seqs[0].seq_id].num_tokens)
+        running = [(g.request_id, scheduler.kv.manager.num_tokens(g.seqs[0].seq_id))
                    for g in sorted(scheduler.running, key=lambda g: g.arrival)]
         free, free_cpu = scheduler.kv.num_free_blocks, scheduler.kv.manager.num_free_cpu_blocks
         ids = {r for r, _ in running}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .validation import check_float, check_int
+from .validation import check_bool, check_float, check_int
 
 
 @dataclass
@@ -39,8 +39,7 @@ class BeamSearchParams:
         check_int("beam_width", self.beam_width, low=1)
         check_int("max_tokens", self.max_tokens, low=1)
         check_float("length_penalty", self.length_penalty, -math.inf)
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        check_bool("ignore_eos", self.ignore_eos)
 
 
 @dataclass

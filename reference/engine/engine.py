@@ -8,12 +8,13 @@ The step, part by part (vLLM V1's seam):
     CacheEngine.apply(...)     carries out those block moves on the KV tensors
     prepare_inputs(...)        StepInputs: flat tensors (input_ids, positions, slot_mapping,
                                block_tables, seq_lens, query_start_loc, logits_indices, sampling)
-    model(..., PagedAttention) logits [S, vocab] for the rows that predict a next token
-    backend.sample(...)        one token per row
+    runner.execute(inputs)     logits [S, vocab] for the rows that predict a next token
+    runner.sample(...)         one token per row
+    Scheduler.update_from_output   the scheduled tokens are computed: counts move on
     update                     append tokens, fork samples, select beams, check stops, free
 
-Everything up to prepare_inputs and after sampling is bookkeeping shared by every tier; a
-faster tier changes only the middle (the backend's ops, or its own model runner).
+Everything but execute and sample is bookkeeping shared by every tier. The tier is the model
+runner (``model_runner.py``), chosen once, from the config, when the engine is built.
 """
 
 import itertools
@@ -23,95 +24,82 @@ from collections.abc import Callable
 import torch
 
 from ..kv import CacheEngine, ContiguousKVCacheManager, PagedKVCacheManager
-from ..model import PagedAttention
-from ..ops import REFERENCE_BACKEND, Backend, SamplerOutput
+from ..model import load_model
+from ..model.loader import load_tokenizer
+from ..ops import SamplerOutput
 from .beam_search import BeamSearchParams, rank_beams, select_beams
+from .config import EngineArgs, EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestOutput
+from .request_checks import check_params, check_request, prompt_ids
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
 from .step_inputs import StepInputs, prepare_inputs
 from .stop import check_stop
-from .validation import check_int, check_token_ids
-
-KV_LAYOUTS = ("paged", "contiguous")
-POLICIES = ("max", "pow2", "oracle")
 
 StepObserver = Callable[["LLMEngine", SchedulerOutput, StepInputs], None]
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_gpu_blocks: int,
-                 swap_space_blocks: int = 0, kv_layout: str = "paged",
-                 reservation_policy: str = "max", scheduler_config: SchedulerConfig,
-                 enable_prefix_caching: bool = False, seed: int = 0,
-                 backend: Backend = REFERENCE_BACKEND):
-        cfg = model.config
-        sc = scheduler_config
-        _check_engine_args(kv_layout, reservation_policy, sc, block_size, num_gpu_blocks)
-        check_int("seed", seed, low=0, high=2**64 - 1)  # the range of a request's seed
-        check_backend(backend)
-        if enable_prefix_caching and kv_layout != "paged":
-            raise ValueError("enable_prefix_caching shares blocks: it needs kv_layout='paged'")
-        param = next(model.parameters())
-        if kv_layout == "paged":
-            self.kv = PagedKVCacheManager(block_size, num_gpu_blocks, swap_space_blocks,
-                                          enable_prefix_caching)
+    """One engine for every tier: the tier is the model runner its config names."""
+
+    def __init__(self, config: EngineConfig, model: torch.nn.Module, tokenizer=None):
+        """config: checked and resolved (``EngineArgs(...).create_engine_config()``); model: the
+        reference model of the checkpoint, loaded in config.dtype on config.device."""
+        self.config = config
+        self.runner = config.model_runner(model, config)  # the tier, chosen once
+        cfg = config.model_config
+        # None: the runner measures what the GPU has left once weights and a step are in.
+        num_gpu_blocks = config.num_gpu_blocks or self.runner.profile_num_blocks()
+        if config.kv_layout == "paged":
+            self.kv = PagedKVCacheManager(config.block_size, num_gpu_blocks,
+                                          config.swap_space_blocks, config.enable_prefix_caching)
         else:
-            self.kv = ContiguousKVCacheManager(num_gpu_blocks * block_size, reservation_policy,
-                                               sc.max_model_len)
+            self.kv = ContiguousKVCacheManager(num_gpu_blocks * config.block_size,
+                                               config.reservation_policy, config.max_model_len)
+        self.device = next(self.runner.model.parameters()).device
         self.cache_engine = CacheEngine(
             cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv.block_size,
-            self.kv.num_total_blocks, swap_space_blocks if kv_layout == "paged" else 0,
-            param.dtype, param.device, backend)
-        self.model, self.tokenizer, self.config = model, tokenizer, sc
-        self.backend = backend
+            self.kv.num_total_blocks, config.swap_space_blocks if config.kv_layout == "paged"
+            else 0, config.dtype, self.device, self.runner.backend)
+        self.runner.bind_kv_cache(self.cache_engine.gpu_k, self.cache_engine.gpu_v)
+        self.tokenizer = tokenizer
         self.vocab_size = cfg.vocab_size
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
-        self.scheduler = Scheduler(sc, self.kv)
+        self.scheduler = Scheduler(config.scheduler_config, self.kv)
         self.groups: dict[str, SequenceGroup] = {}
         # Seeds for requests without one. random.Random takes every bit of the engine's seed
         # (torch's CPU generator keeps 32 of them: seeds 1 and 2**32 + 1 would be the same).
-        self.seed_stream = random.Random(seed)
+        self.seed_stream = random.Random(config.seed)
         self._arrivals = itertools.count()
-        self.device = param.device
         self.step_observers: list[StepObserver] = []
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        """Check the options (before any weight loads), then load the checkpoint's model and
+        tokenizer and build the engine."""
+        config = args.create_engine_config()
+        model = load_model(config.model_dir, dtype=config.dtype, device=config.device)
+        return cls(config, model, load_tokenizer(config.model_dir))
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model the runner executes (the optimized runner's has merged projections)."""
+        return self.runner.model
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | dict | list[int],
                     params: SamplingParams | BeamSearchParams) -> None:
-        """Queue a request; a bad one raises ValueError and leaves everything else as it was.
-        With BeamSearchParams the request is a beam search (its outputs: the best beams)."""
+        """Queue a request; a bad one raises ValueError (naming the field: request_checks.py)
+        and leaves everything else as it was. With BeamSearchParams the request is a beam
+        search (its outputs: the best beams)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if not isinstance(params, SamplingParams | BeamSearchParams):
-            raise TypeError(f"params must be SamplingParams or BeamSearchParams, got "
-                            f"{type(params).__name__}")
-        text, ids = self.prompt_ids(prompt)
-        max_len = self.config.max_model_len
-        if len(ids) > max_len:
-            raise ValueError(f"prompt of {len(ids)} tokens is longer than max_model_len = "
-                             f"{max_len}")
-        beam = isinstance(params, BeamSearchParams)
-        width = params.beam_width if beam else params.n
-        self._check_schedulable(params, width, "beam_width" if beam else "n")
-        if (beam or width > 1) and self.kv.layout != "paged":
-            what = "beams" if beam else f"n = {width} parallel samples"
-            raise ValueError(f"{what} share the prompt's blocks, which needs kv_layout='paged'")
-        most = min(len(ids) + params.max_tokens, max_len)
-        if beam:  # beams share the prompt; each may hold its own tokens and one spare block
-            bn = self.kv.manager.blocks_needed
-            need = bn(len(ids)) + width * (bn(most - len(ids)) + 1)
-            never = need > self.kv.num_total_blocks
-        else:  # at worst every sample holds its own copy of everything (after a recompute)
-            never = self.kv.never_fits(most, copies=width)
-        if never:
-            amount = f"{width} x {most} tokens" if width > 1 else f"{most} tokens"
-            raise ValueError(f"request {request_id!r} needs up to {amount} "
-                             "of KV memory, more than the whole KV pool holds: it could never "
-                             "finish; lower n (or beam_width) or max_tokens, or give the pool "
-                             "more blocks")
+        check_params(params)
+        text, ids = prompt_ids(prompt, self.tokenizer, self.vocab_size)
+        check_request(request_id, len(ids), params, self.kv, self.config.scheduler_config,
+                      self.vocab_size)
         seed = getattr(params, "seed", None)
         if seed is None:
             seed = self.seed_stream.getrandbits(62)
@@ -119,48 +107,6 @@ class LLMEngine:
         group.seqs.append(Sequence(next_seq_id(), ids))
         self.groups[request_id] = group
         self.scheduler.add(group)
-
-    def _check_schedulable(self, params, width: int, field: str) -> None:
-        """Refuse what the scheduler could never run, or the sampler never serve."""
-        sc, vocab = self.config, self.vocab_size
-        if width > sc.max_num_seqs:
-            raise ValueError(f"{field} = {width} runs {width} sequences at once, more than "
-                             f"max_num_seqs = {sc.max_num_seqs}: lower {field} or raise "
-                             "max_num_seqs")
-        if width > sc.max_num_batched_tokens:
-            raise ValueError(f"{field} = {width} decodes {width} tokens per step, more than "
-                             f"max_num_batched_tokens = {sc.max_num_batched_tokens}")
-        if isinstance(params, SamplingParams):
-            if params.logprobs is not None and params.logprobs > vocab:
-                raise ValueError(f"logprobs = {params.logprobs} is more than the vocabulary "
-                                 f"of {vocab} tokens")
-            bad = [t for t in params.stop_token_ids if t >= vocab]
-            if bad:
-                raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary; "
-                                 f"valid ids are 0..{vocab - 1}")
-
-    def prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
-        """(text or None, token ids) of a prompt given as text, token ids or a dict."""
-        vocab = self.vocab_size
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise ValueError("a dict prompt needs 'prompt_token_ids'")
-            text = prompt.get("prompt")  # optional: the text the ids came from
-            if text is not None and not isinstance(text, str):
-                raise TypeError(f"a dict prompt's 'prompt' must be text, got "
-                                f"{type(text).__name__}")
-            return text, check_prompt(prompt["prompt_token_ids"], vocab)
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty; give at least one token")
-            if self.tokenizer is None:
-                raise ValueError("this model folder has no tokenizer: pass "
-                                 "{'prompt_token_ids': [...]} instead of text")
-            return prompt, check_prompt(self.tokenizer(prompt)["input_ids"], vocab)
-        if not isinstance(prompt, list | tuple):
-            raise TypeError(f"a prompt is text, a list of token ids or "
-                            f"{{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
-        return None, check_prompt(prompt, vocab)
 
     def abort_request(self, request_id: str) -> None:
         group = self.groups.get(request_id)
@@ -198,18 +144,16 @@ class LLMEngine:
                                         self.device)
                 for observe in self.step_observers:
                     observe(self, sched, inputs)
-                logits = self.execute_model(inputs)  # [S, vocab]
-                sampled = self.backend.sample(logits, inputs.sampling)
-                self._update(sched, inputs, logits, sampled)
+                logits = self.runner.execute(inputs)  # [S, vocab]
+                sampled = self.runner.sample(logits, inputs.sampling)
+                self.scheduler.update_from_output(sched)
+                self._update(inputs, logits, sampled)
         except BaseException:
             self._fail_step(sched)
             raise
         touched = list(dict.fromkeys(item.group for item in sched.scheduled))
-        for group in touched:
-            if group.is_finished and self.config.batching == "continuous":
-                self.scheduler.remove(group)  # its memory is free for the next step
-        self.scheduler.finish_static_batch_if_done()
-        outputs = [self._output(g) for g in touched]
+        self.scheduler.finish_requests(touched)
+        outputs = [self._output(g) for g in touched if g.is_finished or _streams(g)]
         for group in touched:
             if group.is_finished:
                 self.groups.pop(group.request_id, None)
@@ -223,7 +167,7 @@ class LLMEngine:
         if sched is not None:
             groups = [item.group for item in sched.scheduled] + sched.preempted
         else:
-            groups = [*self.scheduler.running, *self.scheduler.swapped]
+            groups = self.scheduler.groups_holding_memory()
         for group in dict.fromkeys(groups):
             if group.request_id not in self.groups:
                 continue  # already finished and removed
@@ -234,24 +178,10 @@ class LLMEngine:
             del self.groups[group.request_id]
         self.scheduler.finish_static_batch_if_done()
 
-    # --8<-- [start:execute]
-    @torch.inference_mode()
-    def execute_model(self, inputs: StepInputs) -> torch.Tensor:
-        """One forward over every scheduled token of every sequence, laid flat."""
-        attn = PagedAttention(inputs.attn_metadata, self.cache_engine.gpu_k,
-                              self.cache_engine.gpu_v, self.backend)
-        return self.model(inputs.input_ids, inputs.positions, attn,
-                          logits_indices=inputs.logits_indices)  # [S, vocab]
-    # --8<-- [end:execute]
-
     # --8<-- [start:update]
-    def _update(self, sched: SchedulerOutput, inputs: StepInputs, logits: torch.Tensor,
-                sampled: SamplerOutput) -> None:
-        for item in sched.scheduled:
-            kind = "prefill_tokens" if item.seq.is_prefill else "decode_tokens"
-            self.scheduler.counters[kind] += item.num_tokens
-            item.seq.num_computed_tokens += item.num_tokens
-            self.kv.mark_computed(item.seq)  # full blocks become findable by later prompts
+    def _update(self, inputs: StepInputs, logits: torch.Tensor, sampled: SamplerOutput) -> None:
+        """The sampled tokens join their sequences: n > 1 prompts fork, beams are selected,
+        stops are checked, finished samples free their blocks."""
         beam_rows: dict[SequenceGroup, list[int]] = {}
         tokens, logprobs = sampled.token_ids.tolist(), sampled.logprobs.tolist()
         top_ids, top_lps = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
@@ -298,15 +228,20 @@ class LLMEngine:
         if params.logprobs is not None:
             seq.logprobs.append({token: logprob, **top})
         new_text = ""
-        if self.tokenizer is not None:
+        # Text as it grows only where someone reads it before the end: a stream, or a stop
+        # string to search for. Otherwise it is decoded once, when the sequence finishes.
+        if self.tokenizer is not None and (params.stop_strings
+                                           or params.output_kind == "cumulative"):
             if seq.detokenizer is None:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
             new_text = seq.detokenizer.add(token)
             seq.output_text += new_text
         check_stop(seq, new_text, params, self.eos_token_id, self.config.max_model_len)
-        if seq.is_finished and seq.detokenizer is not None and seq.stop_reason not in (
-                params.stop_strings):
-            seq.output_text += seq.detokenizer.flush()  # the text held back, if any
+        if seq.is_finished and self.tokenizer is not None:
+            if seq.detokenizer is None:
+                seq.output_text = self._decode(seq.output_token_ids)
+            elif seq.stop_reason not in params.stop_strings:
+                seq.output_text += seq.detokenizer.flush()  # the text held back, if any
 
     # --8<-- [start:beam_step]
     def _beam_step(self, group: SequenceGroup, logprobs: torch.Tensor) -> None:
@@ -382,52 +317,7 @@ class LLMEngine:
         }
 
 
-def check_prompt(prompt_ids, vocab_size: int) -> list[int]:
-    """A non-empty list of token ids inside the vocabulary, or a ValueError saying what is wrong."""
-    if isinstance(prompt_ids, torch.Tensor):
-        prompt_ids = prompt_ids.tolist()
-    ids = check_token_ids("prompt", prompt_ids, vocab_size)
-    if not ids:
-        raise ValueError("the prompt is empty; give at least one token")
-    return ids
-
-
-def check_backend(backend) -> None:
-    """A Backend bundle of ops (swap one with dataclasses.replace), not None or a function."""
-    if not isinstance(backend, Backend):
-        raise TypeError(f"backend must be a pagedllm.reference.ops.Backend (e.g. "
-                        f"REFERENCE_BACKEND, or dataclasses.replace(REFERENCE_BACKEND, op=...)), "
-                        f"got {backend!r} ({type(backend).__name__})")
-
-
-def _check_engine_args(kv_layout, policy, sc: SchedulerConfig, block_size, num_gpu_blocks):
-    if kv_layout not in KV_LAYOUTS:
-        raise ValueError(f"kv_layout {kv_layout!r} is unknown; choose one of {KV_LAYOUTS}")
-    if policy not in POLICIES:
-        raise ValueError(f"reservation policy {policy!r} is unknown; choose one of {POLICIES}")
-    if sc.preemption_mode not in ("recompute", "swap"):
-        raise ValueError(f"preemption_mode {sc.preemption_mode!r} is unknown; choose "
-                         "'recompute' or 'swap'")
-    if sc.preemption_mode == "swap" and kv_layout != "paged":
-        raise ValueError("preemption_mode 'swap' moves blocks: it needs kv_layout='paged'")
-    if sc.batching not in ("continuous", "static"):
-        raise ValueError(f"batching {sc.batching!r} is unknown; choose 'continuous' or 'static'")
-    if sc.batching == "static" and kv_layout != "contiguous":
-        raise ValueError("batching='static' is the traditional baseline: it reserves each "
-                         "request's memory up front and never preempts, so it needs "
-                         "kv_layout='contiguous'")
-    check_int("max_num_seqs", sc.max_num_seqs, low=1)
-    check_int("block_size", block_size, low=1)
-    check_int("num_gpu_blocks", num_gpu_blocks, low=1)
-    check_int("max_model_len", sc.max_model_len, low=1)
-    check_int("max_num_batched_tokens", sc.max_num_batched_tokens, low=1)
-    if (kv_layout == "contiguous" and policy == "max"
-            and num_gpu_blocks * block_size < sc.max_model_len):
-        raise ValueError(f"kv_layout='contiguous' with the 'max' policy reserves max_model_len = "
-                         f"{sc.max_model_len} slots per request, more than the whole pool of "
-                         f"{num_gpu_blocks * block_size}: give the pool more memory, lower "
-                         "max_model_len, or use reservation_policy 'pow2' or 'oracle'")
-    if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < sc.max_model_len:
-        raise ValueError(f"max_num_batched_tokens ({sc.max_num_batched_tokens}) must be >= "
-                         f"max_model_len ({sc.max_model_len}) unless enable_chunked_prefill: a "
-                         "whole prompt must fit in one step")
+def _streams(group: SequenceGroup) -> bool:
+    """Does the request want its output at every step, not only when it finishes?"""
+    params = group.sampling_params
+    return not (isinstance(params, SamplingParams) and params.output_kind == "final_only")

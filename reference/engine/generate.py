@@ -13,7 +13,7 @@ from ..kv import BlockSpaceManager, CacheEngine, ContiguousAllocator
 from ..model import AttentionMetadata, ContiguousCache, NoCache, PagedAttention
 from ..ops import SamplingMetadata, sample
 from ..ops.sampling import SamplingRow
-from .engine import check_prompt
+from .request_checks import check_prompt
 
 CACHE_KINDS = ("contiguous", "none")
 

@@ -1,91 +1,41 @@
 """LLM: the offline entry point, vLLM's shape. Load a checkpoint folder, size the KV pool, and
 generate for a list of prompts with continuous batching underneath."""
 
+from dataclasses import replace
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
-from ..kv_size import kv_size
-from ..model import load_config, load_model, resolve_model
-from ..model.registry import FLOAT_DTYPES
-from ..ops import REFERENCE_BACKEND, Backend
 from .beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from .chat import chat_prompt
-from .engine import LLMEngine, check_backend
+from .config import EngineArgs
+from .engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .scheduler import SchedulerConfig
-from .validation import check_int
-
-DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # bytes, when neither num_gpu_blocks nor memory is given
 
 
 class LLM:
     """Generate for a list of prompts; the engine steps underneath.
 
-    A faster tier subclasses this and names its engine in ``engine_class``: the checks, the
-    KV sizing, the tokenizer and the request loop below are the same for every tier.
+    ``LLM(model, **options)``: options are the fields of ``EngineArgs`` (config.py: dtype,
+    device, block_size, num_gpu_blocks, kv_cache_memory, swap_space_blocks, kv_layout,
+    reservation_policy, batching, max_num_seqs, max_num_batched_tokens, max_model_len,
+    preemption_mode, enable_prefix_caching, enable_chunked_prefill, seed, backend), checked
+    before the weights load. ``LLM(engine_args)`` takes a whole EngineArgs instead — how a
+    tier's LLM (``pagedllm.optimized.LLM``) hands in its own model runner.
     """
 
-    engine_class = LLMEngine
-
-    def __init__(self, model: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu",
-                 block_size: int = 16, num_gpu_blocks: int | None = None,
-                 kv_cache_memory: int | None = None, swap_space_blocks: int = 0,
-                 kv_layout: str = "paged", reservation_policy: str = "max",
-                 batching: str = "continuous", max_num_seqs: int = 256,
-                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
-                 preemption_mode: str = "recompute", enable_prefix_caching: bool = False,
-                 enable_chunked_prefill: bool = False, seed: int = 0,
-                 backend: Backend = REFERENCE_BACKEND):
-        if isinstance(dtype, torch.dtype):  # vLLM takes torch.float16 as well as "float16"
-            dtype = str(dtype).removeprefix("torch.")
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported; choose one of "
-                             f"{tuple(FLOAT_DTYPES)}")
-        # The engine checks these again; here too, so that a typo fails before the weights load.
-        check_int("seed", seed, low=0, high=2**64 - 1)
-        check_backend(backend)
-        model = resolve_model(model, dtype)  # a name or a GGUF file -> a checkpoint folder
-        cfg = load_config(model)
-        check_int("block_size", block_size, low=1)
-        check_int("swap_space_blocks", swap_space_blocks, low=0)
-        if max_model_len is None:
-            max_model_len = cfg.max_position_embeddings
-        check_int("max_model_len", max_model_len, low=1)
-        if max_model_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's "
-                             f"{cfg.max_position_embeddings} positions")
-        if num_gpu_blocks is None:  # as many blocks as the KV memory budget buys
-            if kv_cache_memory is not None:
-                check_int("kv_cache_memory", kv_cache_memory, low=1)
-            per_token = kv_size(model, dtype).bytes_per_token
-            num_gpu_blocks = (kv_cache_memory or DEFAULT_KV_CACHE_MEMORY) // (
-                per_token * block_size)
-            if num_gpu_blocks < 1:
-                raise ValueError(f"kv_cache_memory = {kv_cache_memory} bytes holds no block of "
-                                 f"{block_size} tokens ({per_token * block_size} bytes)")
-        self.model_dir = Path(model)
-        self.tokenizer = _load_tokenizer(self.model_dir)
-        if max_num_batched_tokens is None:  # vLLM's default: a whole prompt fits one step
-            max_num_batched_tokens = 2048 if enable_chunked_prefill else max(2048, max_model_len)
-        scheduler_config = SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len, preemption_mode=preemption_mode,
-            enable_chunked_prefill=enable_chunked_prefill, batching=batching)
-        self.engine = self.engine_class(
-            load_model(model, dtype=dtype, device=device), self.tokenizer,
-            block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-            swap_space_blocks=swap_space_blocks, kv_layout=kv_layout,
-            reservation_policy=reservation_policy, scheduler_config=scheduler_config,
-            enable_prefix_caching=enable_prefix_caching, seed=seed, backend=backend,
-            **self.engine_options())
+    def __init__(self, model: str | Path | EngineArgs, *args, **options):
+        if isinstance(model, EngineArgs):
+            if args or options:
+                raise TypeError("LLM(engine_args) takes no other options")
+            engine_args = model
+        else:  # positional options in EngineArgs' order: dtype, device, block_size, ...
+            engine_args = EngineArgs(model, *args, **options)
+        self.engine = LLMEngine.from_engine_args(engine_args)
+        self.model_dir = self.engine.config.model_dir
+        self.tokenizer = self.engine.tokenizer
         self._request_counter = 0
-
-    def engine_options(self) -> dict:
-        """Keyword arguments a tier's engine takes beyond the reference's (none here)."""
-        return {}
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -96,6 +46,10 @@ class LLM:
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        # Only finished outputs are returned here, so the engine need not build the others
+        # (vLLM's LLM does the same with RequestOutputKind.FINAL_ONLY).
+        params = [replace(p, output_kind="final_only") if isinstance(p, SamplingParams) else p
+                  for p in params]
         return self._run(prompts, params, "generate", use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | list | None = None,
@@ -170,10 +124,3 @@ def _prompt_list(prompts) -> list:
                         "of lists) so that one prompt is not read as many")
     return list(prompts)
 
-
-def _load_tokenizer(model_dir: Path):
-    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)

@@ -3,9 +3,11 @@ when it is made, so a bad value is refused before it reaches the engine."""
 
 from dataclasses import dataclass, field
 
-from .validation import check_float, check_int
+from .validation import (FieldTypeError, FieldValueError, check_bool, check_choice,
+                         check_float, check_int)
 
 FLOAT32_MAX = 3.4028234663852886e38  # the sampler holds temperatures in float32
+OUTPUT_KINDS = ("cumulative", "final_only")  # vLLM's RequestOutputKind (DELTA aside)
 
 
 # --8<-- [start:params]
@@ -22,6 +24,10 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # return the top-k logprobs of every generated token
+    # "cumulative": every step that touches the request returns its output so far (streaming);
+    # "final_only": only the finished output (LLM.generate) — then nobody reads the text
+    # before the end, and it is decoded once, at the end, unless stop strings need it earlier.
+    output_kind: str = "cumulative"
     stop_strings: list[str] = field(init=False, repr=False)
     # --8<-- [end:params]
 
@@ -31,8 +37,9 @@ class SamplingParams:
         # turn a blocked token's -inf into NaN.
         check_float("temperature", self.temperature, 0.0)
         if self.temperature > FLOAT32_MAX:
-            raise ValueError(f"temperature must be at most {FLOAT32_MAX:.6g} (float32's largest "
-                             f"number), got {self.temperature}")
+            raise FieldValueError("temperature", f"temperature must be at most "
+                                  f"{FLOAT32_MAX:.6g} (float32's "
+                                  f"largest number), got {self.temperature}")
         check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         check_int("top_k", self.top_k, low=1, allowed=(-1,))
         if self.seed is not None:
@@ -41,15 +48,16 @@ class SamplingParams:
         check_int("min_tokens", self.min_tokens, low=0, high=self.max_tokens)
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, low=0)
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        check_bool("ignore_eos", self.ignore_eos)
+        check_choice("output_kind", self.output_kind, OUTPUT_KINDS)
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got "
-                             f"{self.stop!r}")
+            raise FieldValueError("stop", f"stop must be a non-empty string or a list of "
+                                  f"them, got {self.stop!r}")
         self.stop_strings = stops
         if isinstance(self.stop_token_ids, str | bytes):
-            raise TypeError("stop_token_ids must be a list of token ids, got a string")
+            raise FieldTypeError("stop_token_ids",
+                                 "stop_token_ids must be a list of token ids, got a string")
         self.stop_token_ids = list(self.stop_token_ids or [])
         for token in self.stop_token_ids:
             check_int("stop_token_ids", token, low=0)

@@ -96,6 +96,29 @@ class Scheduler:
                 queue.remove(group)
         self.kv.free(group)  # frees only what it holds: nothing for a waiting group
 
+    def groups_holding_memory(self) -> list[SequenceGroup]:
+        return [*self.running, *self.swapped]
+
+    # --8<-- [start:update_from_output]
+    def update_from_output(self, out: "SchedulerOutput") -> None:
+        """After the forward: the scheduled tokens are computed. Their counts move on, and
+        full blocks become findable by later prompts (prefix cache)."""
+        for item in out.scheduled:
+            kind = "prefill_tokens" if item.seq.is_prefill else "decode_tokens"
+            self.counters[kind] += item.num_tokens
+            item.seq.num_computed_tokens += item.num_tokens
+            self.kv.mark_computed(item.seq)
+
+    def finish_requests(self, groups: list[SequenceGroup]) -> None:
+        """The step's finished groups leave; their memory is free for the next step (a static
+        batch keeps its memory until its last member finishes)."""
+        if self.config.batching == "continuous":
+            for group in groups:
+                if group.is_finished:
+                    self.remove(group)
+        self.finish_static_batch_if_done()
+    # --8<-- [end:update_from_output]
+
     # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -168,8 +191,8 @@ class Scheduler:
                 break  # FCFS: whoever is behind the head waits too
             self.waiting.popleft()
             self.running.append(group)
-            for seq, cached in zip(seqs, self.kv.admit(group), strict=True):
-                seq.num_computed_tokens = cached  # found in the prefix cache: no prefill
+            for seq, blocks in zip(seqs, self.kv.admit(group), strict=True):
+                seq.num_computed_tokens = blocks.num_cached_tokens  # no prefill for those
             group.set_status(SequenceStatus.RUNNING)
             for seq in seqs:
                 self._add_prefill(out, group, seq)

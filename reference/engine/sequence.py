@@ -51,6 +51,16 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end], without copying the whole sequence (a decode step reads one
+        token of a sequence thousands long)."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt:end - num_prompt]
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - num_prompt]
+
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 

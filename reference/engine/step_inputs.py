@@ -77,7 +77,7 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int, eos_token_id: in
         seq = item.seq
         start = seq.num_computed_tokens
         end = start + item.num_tokens
-        ids += seq.token_ids[start:end]
+        ids += seq.tokens(start, end)
         positions += range(start, end)
         slots += kv.slot_mapping(seq, start, end)
         tables.append(kv.block_table(seq))
@@ -93,9 +93,8 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int, eos_token_id: in
         slots += [-1] * n
 
     max_blocks = max((len(t) for t in tables), default=0)
-    block_tables = torch.zeros((len(tables), max_blocks), dtype=torch.int32)  # [B, max_blocks]
-    for b, table in enumerate(tables):
-        block_tables[b, :len(table)] = torch.tensor(table, dtype=torch.int32)
+    block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
+                                dtype=torch.int32).view(len(tables), max_blocks)  # [B, max_blocks]
     seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)  # [B]
     query_start_loc_cpu = torch.tensor(starts, dtype=torch.int32)  # [B + 1]
     attn = AttentionMetadata(

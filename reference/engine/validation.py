@@ -9,13 +9,31 @@ ValueError naming the field and the range.
 import math
 
 
+class FieldValueError(ValueError):
+    """A value outside what is accepted. ``field`` names the request or engine field it is
+    about, so a server can answer "400, field X" without reading the message."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+class FieldTypeError(TypeError):
+    """A value of the wrong type; ``field`` as in FieldValueError."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 def check_int(name: str, value, low: int | None = None, high: int | None = None,
               allowed: tuple = ()) -> None:
     """value is an int (not a bool) with low <= value <= high, or one of allowed."""
     if value in allowed and isinstance(value, int) and not isinstance(value, bool):
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        raise FieldTypeError(name, f"{name} must be an integer, got {value!r} "
+                             f"({type(value).__name__})")
     if (low is not None and value < low) or (high is not None and value > high):
         if high is None:
             limit = f">= {low}"
@@ -24,35 +42,49 @@ def check_int(name: str, value, low: int | None = None, high: int | None = None,
         else:
             limit = f"in [{low}, {high}]"
         either = "".join(f"{a} or " for a in allowed)
-        raise ValueError(f"{name} must be {either}{limit}, got {value}")
+        raise FieldValueError(name, f"{name} must be {either}{limit}, got {value}")
 
 
 def check_float(name: str, value, low: float, high: float = math.inf, *,
                 low_open: bool = False) -> None:
     """value is a finite real number with low <= value <= high (low < value if low_open)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        raise FieldTypeError(name, f"{name} must be a number, got {value!r} "
+                             f"({type(value).__name__})")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value}")
+        raise FieldValueError(name, f"{name} must be a finite number, got {value}")
     if value < low or (low_open and value == low) or value > high:
         if math.isfinite(high):
             limit = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
         else:
             limit = f"{'>' if low_open else '>='} {low:g}"
-        raise ValueError(f"{name} must be {limit}, got {value}")
+        raise FieldValueError(name, f"{name} must be {limit}, got {value}")
 
 
 def check_token_ids(name: str, ids, vocab_size: int) -> list[int]:
     """A list of token ids inside the vocabulary (ints, not strings or floats)."""
     if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
-        raise TypeError(f"{name} must be a list of token ids (integers), got {ids!r}")
+        raise FieldTypeError(name, f"{name} must be a list of token ids (integers), "
+                             f"got {ids!r}")
     ids = list(ids)
     wrong = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
     if wrong:
-        raise TypeError(f"{name} must hold integer token ids, got {wrong[0]!r} "
-                        f"({type(wrong[0]).__name__}); e.g. [1, 2, 3]")
+        raise FieldTypeError(name, f"{name} must hold integer token ids, got {wrong[0]!r} "
+                             f"({type(wrong[0]).__name__}); e.g. [1, 2, 3]")
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"{name}: token ids {bad[:5]} are outside the vocabulary; "
-                         f"valid ids are 0..{vocab_size - 1}")
+        raise FieldValueError(name, f"{name}: token ids {bad[:5]} are outside the vocabulary; "
+                              f"valid ids are 0..{vocab_size - 1}")
     return ids
+
+
+def check_bool(name: str, value) -> None:
+    """value is True or False (not 0, 1 or a string)."""
+    if not isinstance(value, bool):
+        raise FieldTypeError(name, f"{name} must be True or False, got {value!r}")
+
+
+def check_choice(name: str, value, choices: tuple) -> None:
+    """value is one of choices."""
+    if value not in choices:
+        raise FieldValueError(name, f"{name} {value!r} is unknown; choose one of {choices}")

@@ -188,6 +188,25 @@ class BlockSpaceManager:
         return not (self._last_block_has_room(table)
                     and self.gpu.ref_counts[table.blocks[-1]] == 1)
 
+    def num_blocks_to_append(self, seq_ids: list[int], device: str = "gpu") -> int:
+        """Free blocks the sequences' next tokens take together (a group appends together):
+        a fresh block where the last is full; a copy where it is shared — except for the last
+        of these sharers to write, when nobody else holds the block (by then it owns it alone).
+        device "cpu": what the swapped-out sequences would take once back in the GPU pool."""
+        pool = self.gpu if device == "gpu" else self.cpu
+        needed = 0
+        sharers: dict[int, int] = {}
+        for seq_id in seq_ids:
+            table = self._table(seq_id, device)
+            if not self._last_block_has_room(table):
+                needed += 1  # last block full
+            elif pool.ref_counts[table.blocks[-1]] > 1:
+                sharers[table.blocks[-1]] = sharers.get(table.blocks[-1], 0) + 1
+        for block, count in sharers.items():
+            outside = pool.ref_counts[block] > count
+            needed += count if outside else count - 1
+        return needed
+
     def can_append(self, seq_id: int) -> bool:
         """Can the sequence get a slot for one more token (a new block or a private copy)?"""
         return not self.append_needs_block(seq_id) or self.gpu.num_free >= 1
@@ -311,6 +330,18 @@ class BlockSpaceManager:
 
     def num_tokens(self, seq_id: int) -> int:
         return self._lookup(seq_id).num_tokens
+
+    def num_cached_tokens(self, seq_id: int) -> int:
+        """Leading tokens whose K/V the prefix cache supplied when the sequence was allocated."""
+        return self._lookup(seq_id).num_cached_tokens
+
+    def holds(self, seq_id: int) -> bool:
+        return seq_id in self.tables
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences holding blocks now (in either pool)."""
+        return len(self.tables)
 
     @property
     def num_free_gpu_blocks(self) -> int:

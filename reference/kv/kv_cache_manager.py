@@ -18,8 +18,19 @@ sequence anything with ``seq_id``, ``token_ids``, ``output_token_ids`` and a len
 engine's SequenceGroup and Sequence): this package never imports the engine.
 """
 
+from dataclasses import dataclass
+
 from .block_manager import BlockSpaceManager
 from .contiguous_allocator import ContiguousAllocator
+
+@dataclass
+class KVCacheBlocks:
+    """What admitting a sequence gave it (vLLM's KVCacheBlocks): its blocks, and how many of
+    its leading tokens they already hold (prefix-cache hits, which need no prefill)."""
+
+    block_ids: list[int]
+    num_cached_tokens: int = 0
+
 
 WATERMARK = 0.01  # admission leaves 1 % of the blocks free, as vLLM does, so that a request just
 # admitted is not preempted at its first decode step
@@ -54,7 +65,15 @@ class PagedKVCacheManager:
         return self.manager.prefix_cache
 
     def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
+        """Would `copies` sequences of num_tokens tokens, sharing nothing, overflow the pool?"""
         return copies * self.manager.blocks_needed(num_tokens) > self.num_total_blocks
+
+    def never_fits_beams(self, prompt_len: int, num_tokens: int, beam_width: int) -> bool:
+        """Beams share the prompt's blocks; each may hold its own tokens and one spare block
+        (the copy-on-write of a shared last block)."""
+        bn = self.manager.blocks_needed
+        need = bn(prompt_len) + beam_width * (bn(num_tokens - prompt_len) + 1)
+        return need > self.num_total_blocks
 
     # --8<-- [start:can_admit]
     def can_admit(self, group) -> bool:
@@ -65,38 +84,27 @@ class PagedKVCacheManager:
     # --8<-- [end:can_admit]
 
     # --8<-- [start:admit]
-    def admit(self, group) -> list[int]:
-        """Blocks for every unfinished sequence's tokens. Returns, per sequence, how many of its
-        leading tokens the prefix cache already holds (they need no prefill)."""
-        cached = []
+    def admit(self, group) -> list[KVCacheBlocks]:
+        """Blocks for every unfinished sequence's tokens, and how many of its leading tokens the
+        prefix cache already holds (they need no prefill)."""
+        admitted = []
         for seq in group.unfinished_seqs():
-            self.manager.allocate(seq.seq_id, len(seq), seq.token_ids)
-            cached.append(self.manager.tables[seq.seq_id].num_cached_tokens)
-        return cached
+            blocks = self.manager.allocate(seq.seq_id, len(seq), seq.token_ids)
+            admitted.append(KVCacheBlocks(list(blocks),
+                                          self.manager.num_cached_tokens(seq.seq_id)))
+        return admitted
     # --8<-- [end:admit]
 
     def mark_computed(self, seq) -> None:
-        self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        if self.manager.prefix_cache is not None:  # else nothing is looked up later
+            self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
     def can_append(self, group) -> bool:
         """Blocks for one more token per sequence: a fresh block where the last is full; a copy
         where it is shared — except for the last of the group's sharers to write, when nobody
         outside the group holds the block (by then it owns the block alone)."""
-        return self._blocks_to_append(group, self.manager.gpu) <= self.num_free_blocks
-
-    def _blocks_to_append(self, group, pool) -> int:
-        needed = 0
-        sharers: dict[int, int] = {}
-        for seq in group.unfinished_seqs():
-            table = self.manager.tables[seq.seq_id]
-            if table.num_tokens == len(table.blocks) * self.block_size:
-                needed += 1  # last block full
-            elif pool.ref_counts[table.blocks[-1]] > 1:
-                sharers[table.blocks[-1]] = sharers.get(table.blocks[-1], 0) + 1
-        for block, count in sharers.items():
-            outside = pool.ref_counts[block] > count
-            needed += count if outside else count - 1
-        return needed
+        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
+        return self.manager.num_blocks_to_append(seq_ids) <= self.num_free_blocks
 
     # --8<-- [start:append]
     def append(self, seq) -> tuple[int, int] | None:
@@ -113,7 +121,7 @@ class PagedKVCacheManager:
             self.free_seq(seq)
 
     def free_seq(self, seq) -> None:
-        if seq.seq_id in self.manager.tables:
+        if self.manager.holds(seq.seq_id):
             self.manager.free(seq.seq_id)
 
     def fork(self, parent, child) -> None:
@@ -133,7 +141,7 @@ class PagedKVCacheManager:
         what it needs, so a group that ran in the pool once always fits an empty pool."""
         seq_ids = [s.seq_id for s in group.unfinished_seqs()]
         blocks = len(self.manager.group_blocks(seq_ids, "cpu"))
-        return blocks + self._blocks_to_append(group, self.manager.cpu) <= self.num_free_blocks
+        return blocks + self.manager.num_blocks_to_append(seq_ids, "cpu") <= self.num_free_blocks
 
     def swap_in(self, group) -> list[tuple[int, int]]:
         """(cpu block, gpu block) pairs whose data the cache engine must move."""
@@ -141,12 +149,17 @@ class PagedKVCacheManager:
 
     # -- for the step's inputs ----------------------------------------------------------------
     def block_table(self, seq) -> list[int]:
-        return self.manager.tables[seq.seq_id].blocks
+        return self.manager.block_table(seq.seq_id)
 
     def slot_mapping(self, seq, start: int, end: int) -> list[int]:
         """Slots of the sequence's positions [start, end)."""
-        blocks, bs = self.manager.tables[seq.seq_id].blocks, self.block_size
+        blocks, bs = self.manager.block_table(seq.seq_id), self.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences holding KV memory now (a leak check: 0 once every request finished)."""
+        return self.manager.num_seqs
 
     def prefix_cache_stats(self) -> dict:
         cache = self.manager.prefix_cache
@@ -191,10 +204,12 @@ class ContiguousKVCacheManager:
         return all(self.allocator.can_allocate(*self._lengths(group, s))
                    for s in group.unfinished_seqs())
 
-    def admit(self, group) -> list[int]:
-        for seq in group.unfinished_seqs():
+    def admit(self, group) -> list[KVCacheBlocks]:
+        admitted = []
+        for seq in group.unfinished_seqs():  # nothing is ever found cached
             self.allocator.allocate(seq.seq_id, *self._lengths(group, seq))
-        return [0] * len(group.unfinished_seqs())  # nothing is ever found cached
+            admitted.append(KVCacheBlocks(self.block_table(seq)))
+        return admitted
 
     def mark_computed(self, seq) -> None:
         pass  # slabs are never shared, so there is nothing to look up later
@@ -221,6 +236,10 @@ class ContiguousKVCacheManager:
     def slot_mapping(self, seq, start: int, end: int) -> list[int]:
         slab_start, _ = self.allocator.slab(seq.seq_id)
         return list(range(slab_start + start, slab_start + end))
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.allocator.slabs)
 
     def prefix_cache_stats(self) -> dict:
         return {}

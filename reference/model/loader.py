@@ -90,7 +90,7 @@ def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
                      f"dtype: choose one of {', '.join(FLOAT_DTYPES)}")
 
 
-def _parse_device(device: str | torch.device) -> torch.device:
+def parse_device(device: str | torch.device) -> torch.device:
     if not isinstance(device, str | torch.device):
         raise TypeError(f"device must be a name such as 'cpu' or 'cuda:0', or a torch.device, "
                         f"got {device!r} ({type(device).__name__})")
@@ -113,10 +113,20 @@ def load_model(model_dir: str | Path, dtype: torch.dtype | str | None = None,
     """The reference model for a checkpoint folder (or a model name, or a GGUF file: see
     registry.py); weights cast to dtype (default: as saved)."""
     dtype = parse_dtype(dtype)  # before any file is read: a typo should fail at once
-    device = _parse_device(device)
+    device = parse_device(device)
     model_dir = resolve_model(model_dir, dtype)
     cfg = load_config(model_dir)
     dtype = dtype or cfg.dtype
     state, sources = load_state_dict_and_sources(model_dir)
     state = {k: t.to(device=device, dtype=dtype) for k, t in state.items()}
     return build_model(cfg, state, sources)
+
+
+def load_tokenizer(model_dir: str | Path):
+    """The checkpoint folder's tokenizer, or None when it has none (prompts as token ids)."""
+    model_dir = Path(model_dir)
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)

@@ -6,6 +6,8 @@ time. ``reference_llm`` is a second, separate LLM of the same model for "the sam
 alone through LLM.generate".
 """
 
+import time
+
 import openai
 import pytest
 
@@ -14,6 +16,7 @@ from pagedllm.serving.api_server import ServerThread, build_app
 from pagedllm.serving.default_model import default_model_dir
 
 MODEL = "tiny-pydoc"
+HANG_GUARD_S = 300.0  # only a hang runs this long: see wait_for
 
 
 @pytest.fixture(scope="session")
@@ -38,15 +41,31 @@ def client(server):
                          timeout=60)
 
 
-def wait_until_idle(server, timeout: float = 20.0) -> dict:
-    """The engine's stats once it holds no request (the snapshot the engine thread keeps)."""
-    import time
+def wait_for(condition, what: str) -> None:
+    """Poll until condition() holds. The tests bound steps, tokens and events, never this
+    machine's speed: the guard only keeps a hang (a condition that never comes) from hanging
+    the suite, so it is far longer than any loaded machine needs."""
+    guard = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if time.monotonic() > guard:
+            raise AssertionError(f"{what} never happened in {HANG_GUARD_S:g} s: hung?")
+        time.sleep(0.01)
 
+
+def wait_until_idle(server, max_steps: int = 2000) -> dict:
+    """The engine's stats once it holds no request (the snapshot the engine thread keeps).
+    The requests in flight must end within max_steps engine steps, however slow the steps."""
     engine = server.app.state.engine
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    start, idle = engine.steps, {}
+
+    def holds_none() -> bool:
         stats = engine.stats
         if stats["running"] == stats["waiting"] == stats["swapped"] == 0:
-            return stats
-        time.sleep(0.05)
-    raise AssertionError(f"the engine is still busy after {timeout} s: {engine.stats}")
+            idle.update(stats)
+            return True
+        if engine.steps - start > max_steps:
+            raise AssertionError(f"the engine is still busy after {max_steps} steps: {stats}")
+        return False
+
+    wait_for(holds_none, "the engine holding no request")
+    return idle

@@ -5,7 +5,6 @@ engine thread dead or a block held."""
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.serving.async_engine import AsyncLLMEngine, EngineStepError
 
-from .conftest import MODEL, wait_until_idle
+from .conftest import HANG_GUARD_S, MODEL, wait_for, wait_until_idle
 
 GOOD = {"model": MODEL, "prompt": "The for statement", "max_tokens": 3}
 
@@ -160,10 +159,7 @@ def test_a_failing_abort_neither_kills_the_thread_nor_leaks(server, monkeypatch)
         for i, _ in enumerate(r.iter_lines()):
             if i == 2:
                 break  # hang up: the abort fails
-    deadline = time.monotonic() + 20
-    while calls["n"] == 0 and time.monotonic() < deadline:  # the server notices the hang-up
-        time.sleep(0.02)
-    assert calls["n"] >= 1, "the hang-up was never turned into an abort"
+    wait_for(lambda: calls["n"] >= 1, "the hang-up turning into an abort")
     r = post(server, GOOD)  # the thread is alive and serving
     assert r.status_code == 200, r.text
     assert engine.is_running
@@ -183,12 +179,12 @@ def test_shutdown_ends_live_requests_and_refuses_new_ones(reference_llm):
         await stream.__anext__()  # it runs
         await asyncio.to_thread(engine.shutdown)
         with pytest.raises(EngineStepError):
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(HANG_GUARD_S):
                 async for _ in stream:
                     pass
         engine._thread = type("Alive", (), {"is_alive": lambda self: True})()  # the race
         with pytest.raises(RuntimeError, match="not running"):
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(HANG_GUARD_S):
                 await engine.add_request("late", "x", SamplingParams(max_tokens=2))
         return reference_llm.engine.stats()
 

@@ -1,6 +1,8 @@
 """Bad requests get 400 / 413 / 404 with an OpenAI-style error body naming the field, and the
 server answers a good request right after each; without the API key, 401."""
 
+import threading
+
 import httpx
 import openai
 import pytest
@@ -9,7 +11,7 @@ from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.serving.api_server import ServerThread, build_app
 
-from .conftest import MODEL, wait_until_idle
+from .conftest import MODEL, wait_for, wait_until_idle
 
 GOOD = {"model": MODEL, "prompt": "The for statement", "max_tokens": 3}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
@@ -39,6 +41,9 @@ BAD = [  # (path, body, status, the field the error names)
     ("chat/completions", {**CHAT, "messages": [{"content": "Hi"}]}, 400, "messages[0].role"),
     ("chat/completions", {**CHAT, "max_tokens": 1.5}, 400, "max_tokens"),
     ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    # the engine's "prompt" is the request's own field for it
+    ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": "word " * 1100}]},
+     400, "messages"),
 ]
 
 
@@ -56,6 +61,19 @@ def test_bad_request_names_the_field(server, path, body, status, field):
     error = r.json()["error"]
     assert error["param"] == field, error
     assert error["message"] and error["type"] and error["code"] == status
+    assert_good_request_works(server.url)
+
+
+def test_a_refusal_without_a_field_names_none(server, monkeypatch):
+    """The field comes from the engine's typed errors, never from the message's words: a
+    plain ValueError is still a 400, naming no field."""
+    def refuse(*args):
+        raise ValueError("prompt of 5 tokens: n = 2 could never finish")
+
+    monkeypatch.setattr(server.app.state.engine.engine, "add_request", refuse)
+    r = httpx.post(server.url + "/v1/completions", json=GOOD, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] is None, r.text
+    monkeypatch.undo()
     assert_good_request_works(server.url)
 
 
@@ -125,15 +143,46 @@ def test_chat_without_a_template_and_the_api_key(no_template_llm):
                           max_retries=0).models.list()
 
 
-def test_a_request_past_the_timeout_is_aborted(no_template_llm):
+def test_a_request_past_the_timeout_is_aborted(no_template_llm, monkeypatch):
+    """A request that cannot finish inside --request-timeout gets a 408 (a last error event
+    when streaming), is aborted, and leaves the engine holding nothing. It cannot finish by
+    construction, not because this machine is slow: the engine's step waits until the server
+    has answered and sent the abort, so at most one of its 100 tokens is made."""
     app = build_app(no_template_llm, "plain", request_timeout=0.02)
+    engine, aborts = app.state.engine, app.state.metrics.finished["abort"]
+    may_step, abort_sent = threading.Event(), threading.Event()
+    real_step, real_abort = engine.engine.step, engine.abort
+
+    def gated_step():
+        may_step.wait()
+        return real_step()
+
+    def noted_abort(request_id):
+        real_abort(request_id)
+        abort_sent.set()
+
+    monkeypatch.setattr(engine.engine, "step", gated_step)
+    monkeypatch.setattr(engine, "abort", noted_abort)
     body = {"prompt": "hi", "max_tokens": 100, "ignore_eos": True}
-    with ServerThread(app) as server:
-        r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
-        assert r.status_code == 408 and "time limit" in r.json()["error"]["message"]
-        with httpx.stream("POST", server.url + "/v1/completions", timeout=30,
-                          json={**body, "stream": True}) as r:
-            events = [line for line in r.iter_lines() if line]
-        assert "time limit" in events[-2] and events[-1] == "data: [DONE]"
-        assert wait_until_idle(server)["blocks_used"] == 0
-        assert app.state.metrics.finished["abort"]._value.get() == 2
+    try:
+        with ServerThread(app) as server:
+            r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+            assert r.status_code == 408 and "time limit" in r.json()["error"]["message"]
+            wait_for(abort_sent.is_set, "the abort after the 408")
+            may_step.set()  # one step, then the abort at its boundary
+            wait_for(lambda: aborts._value.get() == 1, "the engine taking the abort")
+            # The engine holds no request, so it takes no step until the next one arrives.
+            may_step.clear()
+            abort_sent.clear()
+            with httpx.stream("POST", server.url + "/v1/completions", timeout=30,
+                              json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+                events = [line for line in r.iter_lines() if line]
+            assert "time limit" in events[-2] and events[-1] == "data: [DONE]"
+            wait_for(abort_sent.is_set, "the abort after the stream's error event")
+            may_step.set()
+            wait_for(lambda: aborts._value.get() == 2, "the engine taking the second abort")
+            assert wait_until_idle(server)["blocks_used"] == 0
+            assert not no_template_llm.engine.groups
+    finally:
+        may_step.set()  # never leave the engine thread waiting, whatever failed

@@ -1,0 +1,268 @@
+"""The engine's configuration: every option in one dataclass, checked once, before any weight
+loads (vLLM's ``EngineArgs`` -> ``create_engine_config()``; nano-vllm's ``Config``).
+
+``EngineArgs`` holds what a user hands ``LLM(...)``, the CLI or the server, as given.
+``create_engine_config()`` checks every field, resolves what depends on the checkpoint (the
+dtype ``auto`` picks, ``max_model_len`` from the model's positions, the KV pool's size from a
+memory budget) and returns an ``EngineConfig``. Nothing downstream checks an option again: the
+engine, the scheduler, the KV manager and the model runner trust what they are handed.
+
+A wrong type is a TypeError, a value out of range a ValueError; each names the field (the
+``.field`` of ``FieldValueError`` / ``FieldTypeError``) and says what would be right.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..kv_size import kv_size
+from ..model import load_config, resolve_model
+from ..model.config import ModelConfig
+from ..model.loader import parse_device
+from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
+from ..ops import REFERENCE_BACKEND, Backend
+from .model_runner import ModelRunner
+from .scheduler import SchedulerConfig
+from .validation import (FieldTypeError, FieldValueError, check_bool, check_choice,
+                         check_float, check_int)
+
+KV_LAYOUTS = ("paged", "contiguous")
+POLICIES = ("max", "pow2", "oracle")
+DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # bytes, when neither num_gpu_blocks nor memory is given
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's, for a runner that profiles its KV pool
+
+
+# --8<-- [start:engine_args]
+@dataclass
+class EngineArgs:
+    """Every option of the engine, as the user gives it (vLLM's names)."""
+
+    model: str | Path
+    dtype: str | torch.dtype = "auto"  # auto: the checkpoint's on CUDA, float32 on the CPU
+    device: str | torch.device = "cpu"
+    block_size: int = 16
+    num_gpu_blocks: int | None = None  # None: as many as kv_cache_memory buys (or profiling)
+    kv_cache_memory: int | None = None  # bytes
+    swap_space_blocks: int = 0
+    kv_layout: str = "paged"  # or "contiguous" (the paper's baseline)
+    reservation_policy: str = "max"  # contiguous slabs: "max" | "pow2" | "oracle"
+    batching: str = "continuous"  # or "static" (the traditional baseline)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: vLLM's default, a whole prompt per step
+    max_model_len: int | None = None  # None: the model's positions
+    preemption_mode: str = "recompute"  # or "swap"
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False
+    seed: int = 0
+    backend: Backend = REFERENCE_BACKEND  # the ops (a tier's, or one swapped for a test)
+    model_runner: type[ModelRunner] = ModelRunner  # the tier: who executes the model
+    enforce_eager: bool = False  # a runner that captures CUDA graphs: don't
+    gpu_memory_utilization: float | None = None  # a runner that profiles: share of the GPU
+    swap_space: float = 0  # GiB of CPU swap space (vLLM's flag), instead of swap_space_blocks
+# --8<-- [end:engine_args]
+
+    def create_engine_config(self) -> "EngineConfig":
+        return create_engine_config(self)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The checked, resolved configuration the engine is built from."""
+
+    model_dir: Path
+    model_config: ModelConfig
+    dtype: torch.dtype
+    device: torch.device
+    block_size: int
+    num_gpu_blocks: int | None  # None: the runner profiles the pool (gpu_memory_utilization)
+    swap_space_blocks: int
+    kv_layout: str
+    reservation_policy: str
+    enable_prefix_caching: bool
+    scheduler_config: SchedulerConfig
+    seed: int
+    backend: Backend
+    model_runner: type[ModelRunner]
+    enforce_eager: bool
+    gpu_memory_utilization: float
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler_config.max_model_len
+
+
+# --8<-- [start:create_engine_config]
+def create_engine_config(args: EngineArgs) -> EngineConfig:
+    """Check every option (cheap ones first: a typo fails before a file is read), then read the
+    checkpoint's config and resolve what depends on it."""
+    device = parse_device(args.device)
+    dtype_name = _dtype_name(args.dtype)
+    check_int("seed", args.seed, low=0, high=2**64 - 1)  # the range of a request's seed
+    _check_backend(args.backend)
+    runner = args.model_runner
+    if not (isinstance(runner, type) and issubclass(runner, ModelRunner)):
+        raise FieldTypeError("model_runner", f"model_runner must be a ModelRunner class, got "
+                             f"{runner!r}")
+    check_choice("kv_layout", args.kv_layout, KV_LAYOUTS)
+    check_choice("reservation_policy", args.reservation_policy, POLICIES)
+    check_choice("preemption_mode", args.preemption_mode, ("recompute", "swap"))
+    check_choice("batching", args.batching, ("continuous", "static"))
+    for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+        check_bool(name, getattr(args, name))
+    _check_tier_options(args, runner)
+    check_int("block_size", args.block_size, low=1)
+    check_int("swap_space_blocks", args.swap_space_blocks, low=0)
+    check_float("swap_space", args.swap_space, 0.0)
+    if args.swap_space and args.swap_space_blocks:
+        raise FieldValueError("swap_space", "give the swap space once: swap_space (GiB) or "
+                              "swap_space_blocks, not both")
+    check_int("max_num_seqs", args.max_num_seqs, low=1)
+    for name in ("num_gpu_blocks", "kv_cache_memory", "max_model_len", "max_num_batched_tokens"):
+        if getattr(args, name) is not None:
+            check_int(name, getattr(args, name), low=1)
+    if args.preemption_mode == "swap" and args.kv_layout != "paged":
+        raise FieldValueError("preemption_mode", "preemption_mode 'swap' moves blocks: it needs "
+                              "kv_layout='paged'")
+    if args.batching == "static" and args.kv_layout != "contiguous":
+        raise FieldValueError("batching", "batching='static' is the traditional baseline: it "
+                              "reserves each request's memory up front and never preempts, so "
+                              "it needs kv_layout='contiguous'")
+    if args.enable_prefix_caching and args.kv_layout != "paged":
+        raise FieldValueError("enable_prefix_caching", "enable_prefix_caching shares blocks: it "
+                              "needs kv_layout='paged'")
+
+    # -- what the checkpoint decides ---------------------------------------------------------
+    dtype_name = resolve_dtype(dtype_name, device, args.model)
+    model_dir = Path(resolve_model(args.model, dtype_name))  # a name or a GGUF -> a folder
+    cfg = load_config(model_dir)
+    if dtype_name == "auto":
+        dtype_name = auto_dtype(device, cfg.dtype)
+    max_model_len = cfg.max_position_embeddings if args.max_model_len is None \
+        else args.max_model_len
+    if max_model_len > cfg.max_position_embeddings:
+        raise FieldValueError("max_model_len", f"max_model_len {max_model_len} exceeds the "
+                              f"model's {cfg.max_position_embeddings} positions")
+    max_tokens = args.max_num_batched_tokens
+    if max_tokens is None:  # vLLM's default: a whole prompt fits one step
+        max_tokens = 2048 if args.enable_chunked_prefill else max(2048, max_model_len)
+    if not args.enable_chunked_prefill and max_tokens < max_model_len:
+        raise FieldValueError("max_num_batched_tokens", f"max_num_batched_tokens ({max_tokens}) "
+                              f"must be >= max_model_len ({max_model_len}) unless "
+                              "enable_chunked_prefill: a whole prompt must fit in one step")
+    num_gpu_blocks = _num_gpu_blocks(args, runner, device, model_dir, dtype_name)
+    swap_space_blocks = args.swap_space_blocks or int(args.swap_space * 2**30) // (
+        kv_size(model_dir, dtype_name).bytes_per_token * args.block_size)
+    if (num_gpu_blocks is not None and args.kv_layout == "contiguous"
+            and args.reservation_policy == "max"
+            and num_gpu_blocks * args.block_size < max_model_len):
+        raise FieldValueError("max_model_len", f"kv_layout='contiguous' with the 'max' policy "
+                              f"reserves max_model_len = {max_model_len} slots per request, more "
+                              f"than the whole pool of {num_gpu_blocks * args.block_size}: give "
+                              "the pool more memory, lower max_model_len, or use "
+                              "reservation_policy 'pow2' or 'oracle'")
+    return EngineConfig(
+        model_dir=model_dir, model_config=cfg, dtype=FLOAT_DTYPES[dtype_name], device=device,
+        block_size=args.block_size, num_gpu_blocks=num_gpu_blocks,
+        swap_space_blocks=swap_space_blocks, kv_layout=args.kv_layout,
+        reservation_policy=args.reservation_policy,
+        enable_prefix_caching=args.enable_prefix_caching,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max_tokens,
+            max_model_len=max_model_len, preemption_mode=args.preemption_mode,
+            enable_chunked_prefill=args.enable_chunked_prefill, batching=args.batching),
+        seed=args.seed, backend=args.backend, model_runner=runner,
+        enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
+                                if args.gpu_memory_utilization is None
+                                else args.gpu_memory_utilization))
+# --8<-- [end:create_engine_config]
+
+
+def _dtype_name(dtype) -> str:
+    if isinstance(dtype, torch.dtype):  # vLLM takes torch.float16 as well as "float16"
+        dtype = str(dtype).removeprefix("torch.")
+    if dtype != "auto" and dtype not in FLOAT_DTYPES:
+        raise FieldValueError("dtype", f"dtype {dtype!r} is not supported; choose one of "
+                              f"{('auto', *FLOAT_DTYPES)}")
+    return dtype
+
+
+# --8<-- [start:auto_dtype]
+def auto_dtype(device: torch.device, checkpoint_dtype: torch.dtype) -> str:
+    """What dtype='auto' computes in, as vLLM means it: the checkpoint's own dtype on a GPU
+    (bf16 for SmolLM2 and the Llama family: float32 would move twice the bytes per weight and
+    miss the tensor cores), float32 on the CPU, where the engine is tested and where bf16
+    matrix products are emulated on many processors."""
+    name = str(checkpoint_dtype).removeprefix("torch.")
+    if device.type == "cuda" and name in FLOAT_DTYPES:
+        return name
+    return "float32"
+# --8<-- [end:auto_dtype]
+
+
+def resolve_dtype(dtype_name: str, device: torch.device, model) -> str:
+    """'auto' before the checkpoint is read: float32 on the CPU; a GGUF (which holds no single
+    dtype to take) is converted in bfloat16 on a GPU. Otherwise 'auto' stays, for the folder's
+    config to decide."""
+    if dtype_name != "auto":
+        return dtype_name
+    if device.type != "cuda":
+        return "float32"
+    gguf = isinstance(model, str) and model.strip().lower() in MODELS
+    if gguf or (isinstance(model, str | Path) and str(model) and find_gguf(model) is not None):
+        return "bfloat16"
+    return "auto"
+
+
+def _check_backend(backend) -> None:
+    """A Backend bundle of ops (swap one with dataclasses.replace), not None or a function."""
+    if not isinstance(backend, Backend):
+        raise FieldTypeError("backend", f"backend must be a pagedllm.reference.ops.Backend (e.g. "
+                             f"REFERENCE_BACKEND, or dataclasses.replace(REFERENCE_BACKEND, "
+                             f"op=...)), got {backend!r} ({type(backend).__name__})")
+
+
+def _check_tier_options(args: EngineArgs, runner: type[ModelRunner]) -> None:
+    """What a tier's model runner does not do is refused, naming the tier that does it."""
+    if not runner.runs_baselines:
+        if args.kv_layout == "contiguous":
+            raise FieldValueError("kv_layout", f"kv_layout {args.kv_layout!r}: the {runner.tier} "
+                                  "tier runs the paged layout only; the contiguous baseline is "
+                                  "the reference tier's (pagedllm.reference.LLM)")
+        if args.batching == "static":
+            raise FieldValueError("batching", f"batching {args.batching!r}: the {runner.tier} "
+                                  "tier runs continuous batching only; the static baseline is "
+                                  "the reference tier's (pagedllm.reference.LLM)")
+    if args.gpu_memory_utilization is not None:
+        if not runner.profiles_kv_cache:
+            raise FieldValueError("gpu_memory_utilization", f"gpu_memory_utilization sizes the "
+                                  "KV pool by a profiling step, which the optimized tier does "
+                                  f"(pagedllm.optimized.LLM); the {runner.tier} tier takes "
+                                  "num_gpu_blocks or kv_cache_memory")
+        # Checked on every device, though only CUDA uses it: a typo must not pass on a laptop
+        # and fail on the server.
+        check_float("gpu_memory_utilization", args.gpu_memory_utilization, low=0.0, high=1.0,
+                    low_open=True)
+    if args.enforce_eager and not runner.captures_graphs:
+        raise FieldValueError("enforce_eager", f"enforce_eager turns CUDA graphs off, which "
+                              f"the {runner.tier} tier never captures; it is an option of the "
+                              "optimized tier (pagedllm.optimized.LLM)")
+
+
+def _num_gpu_blocks(args: EngineArgs, runner: type[ModelRunner], device: torch.device,
+                    model_dir: Path, dtype_name: str) -> int | None:
+    """Blocks in the KV pool: as given; or as many as kv_cache_memory buys; or None, for a
+    runner that profiles a step on CUDA to find what the GPU has left (vLLM's way)."""
+    if args.num_gpu_blocks is not None:
+        return args.num_gpu_blocks
+    if args.kv_cache_memory is None and runner.profiles_kv_cache and device.type == "cuda":
+        return None
+    per_token = kv_size(model_dir, dtype_name).bytes_per_token
+    memory = args.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+    num_gpu_blocks = memory // (per_token * args.block_size)
+    if num_gpu_blocks < 1:
+        raise FieldValueError("kv_cache_memory", f"kv_cache_memory = {args.kv_cache_memory} "
+                              f"bytes holds no block of {args.block_size} tokens "
+                              f"({per_token * args.block_size} bytes)")
+    return num_gpu_blocks

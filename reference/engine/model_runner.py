@@ -1,0 +1,50 @@
+"""The model runner: the seam between the engine and model execution (vLLM's GPUModelRunner).
+
+The engine schedules, keeps the KV bookkeeping, builds each step's ``StepInputs``, samples and
+updates. The runner holds the model and runs it: ``execute(step_inputs) -> logits``. This is the
+one place a tier differs. The reference runner below is the readable model, called with the
+reference's attention context; ``pagedllm.optimized`` has a runner of its own (merged
+projections, persistent buffers, CUDA graphs, profiled KV sizing, attention planned once per
+step) behind the same methods, plus ``profile_num_blocks()`` where ``profiles_kv_cache``. The engine picks the runner class once, from its config
+(``EngineArgs.model_runner``), and never asks which one it has.
+
+What a runner can and cannot do is said by three class attributes, which the configuration's
+checks read (``config.py``), so that a tier refuses what it does not run at the door.
+"""
+
+import torch
+
+from ..model import PagedAttention
+from ..ops import Backend, SamplerOutput, SamplingMetadata
+from .step_inputs import StepInputs
+
+
+class ModelRunner:
+    tier = "reference"
+    runs_baselines = True  # the contiguous-slab and static-batching baselines
+    profiles_kv_cache = False  # sizes the KV pool by a profiling step (gpu_memory_utilization)
+    captures_graphs = False  # records decode steps as CUDA graphs (enforce_eager turns it off)
+
+    def __init__(self, model: torch.nn.Module, config) -> None:
+        """config: the EngineConfig (backend, budgets, block size) the engine was built from."""
+        self.model = model
+        self.backend: Backend = config.backend
+        self.k_caches: list[torch.Tensor] = []
+        self.v_caches: list[torch.Tensor] = []
+
+    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
+        """The KV pool's tensors, one K and one V per layer, allocated by the cache engine."""
+        self.k_caches, self.v_caches = k_caches, v_caches
+
+    # --8<-- [start:execute]
+    @torch.inference_mode()
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """One forward over every scheduled token of every sequence, laid flat."""
+        attn = PagedAttention(inputs.attn_metadata, self.k_caches, self.v_caches, self.backend)
+        return self.model(inputs.input_ids, inputs.positions, attn,
+                          logits_indices=inputs.logits_indices)  # [S, vocab]
+    # --8<-- [end:execute]
+
+    def sample(self, logits: torch.Tensor, sampling: SamplingMetadata) -> SamplerOutput:
+        """One token per logits row (the backend's sampler: the reference's or a kernel)."""
+        return self.backend.sample(logits, sampling)

@@ -1,0 +1,142 @@
+"""Request mapping: an OpenAI request body -> the engine's prompts and SamplingParams.
+
+``RequestMapper.completion`` and ``RequestMapper.chat`` parse a decoded body (``protocol``: a
+400 naming the first bad field), check the model name (404) and what SamplingParams does not
+(float32's limits, text no tokenizer can encode), and return an ``EngineRequest``: the prompts,
+their SamplingParams, and what shaping the answer needs to know of the request.
+
+``refusal`` turns a refusal by SamplingParams or by the engine's ``add_request`` into a 400
+naming the request's field. Both raise the typed errors of ``reference/engine/validation.py``,
+which carry the field they are about, so no message is read for it.
+"""
+
+from dataclasses import dataclass
+
+from pagedllm.reference.engine.chat import chat_prompt
+from pagedllm.reference.engine.sampling_params import SamplingParams
+
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_request
+
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
+@dataclass
+class EngineRequest:
+    """One HTTP request as the engine takes it, and what its answer's shape depends on."""
+
+    prompts: list  # one engine request each: text, or {"prompt_token_ids": [...]}
+    params: SamplingParams
+    prompt_field: str  # the request's field for the prompt: what the engine's "prompt" means
+    chat: bool
+    logprobs: int | None  # top logprobs per token; None: no logprobs
+    include_usage: bool  # a stream's last chunk holds the usage
+    stream: bool
+
+
+def refusal(err: Exception, prompt_field: str) -> APIError:
+    """A refusal by SamplingParams or the engine as a 400 naming the request's field. The
+    engine calls every prompt "prompt"; the request may call it otherwise ("messages" for
+    chat). An error without a field is still the request's fault: a 400 naming no field."""
+    field = getattr(err, "field", None)
+    return APIError(400, str(err), prompt_field if field == "prompt" else field)
+
+
+class RequestMapper:
+    """Maps the bodies of /v1/completions and /v1/chat/completions for one served model."""
+
+    def __init__(self, model_name: str, tokenizer, max_model_len: int, vocab_size: int):
+        self.model_name, self.tokenizer = model_name, tokenizer
+        self.max_model_len, self.vocab_size = max_model_len, vocab_size
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"the model `{model}` does not exist; this server serves "
+                                f"`{self.model_name}` (GET /v1/models)", "model")
+
+    def _params(self, req, max_tokens: int | None, logprobs: int | None,
+                prompt_field: str) -> SamplingParams:
+        """OpenAI's fields -> SamplingParams, whose own checks name the field (400).
+
+        The sampler holds temperature and top_p as float32 and top_k as int64: a temperature
+        past float32's range would turn into inf (and a blocked token's -inf logit into NaN),
+        so it is refused; a top_p below float32's smallest normal number would round to 0, so
+        it becomes that number (either keeps only the most likely tokens); a top_k of the
+        vocabulary or more keeps every token, so it becomes -1 (all tokens) before it can
+        overflow int64 in a step and fail every request of that step."""
+        if isinstance(req.temperature, float) and req.temperature > FLOAT32_MAX:
+            raise APIError(400, f"temperature must be <= {FLOAT32_MAX:g} (float32's largest "
+                                f"number), got {req.temperature:g}", "temperature")
+        top_p = req.top_p
+        if isinstance(top_p, float) and 0.0 < top_p < FLOAT32_TINY:
+            top_p = FLOAT32_TINY
+        top_k = req.top_k
+        if top_k == 0 or top_k >= self.vocab_size:
+            top_k = -1
+        try:
+            return SamplingParams(
+                n=req.n, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed,
+                max_tokens=max_tokens if max_tokens is not None else self.max_model_len,
+                min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos, logprobs=logprobs)
+        except (ValueError, TypeError) as err:
+            raise refusal(err, prompt_field) from None
+
+    # -- /v1/completions -----------------------------------------------------------------------
+    def completion(self, data) -> EngineRequest:
+        req = parse_request(CompletionRequest, data)
+        self._check_model(req.model)
+        params = self._params(req, req.max_tokens, req.logprobs, "prompt")
+        prompt = req.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        if not prompts:
+            raise APIError(400, "prompt is empty; give text or a list of token ids", "prompt")
+        for p in prompts:
+            if isinstance(p, str):
+                check_utf8(p, "prompt")
+        prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
+        return EngineRequest(prompts, params, "prompt", chat=False, logprobs=req.logprobs,
+                             include_usage=_include_usage(req), stream=req.stream)
+
+    # -- /v1/chat/completions ------------------------------------------------------------------
+    def chat(self, data) -> EngineRequest:
+        req = parse_request(ChatCompletionRequest, data)
+        self._check_model(req.model)
+        if self.tokenizer is None or not self.tokenizer.chat_template:
+            raise APIError(400, f"the model `{self.model_name}` has no chat template (it is not "
+                                "a chat model): use /v1/completions with a plain prompt",
+                           "messages")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        for i, message in enumerate(req.messages):
+            check_utf8(message.as_dict()["content"], f"messages[{i}].content")
+        try:
+            prompt = chat_prompt(self.tokenizer, [m.as_dict() for m in req.messages],
+                                 add_generation_prompt=req.add_generation_prompt)
+        except (ValueError, TypeError) as err:
+            raise APIError(400, str(err), "messages") from None
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
+            else req.max_tokens
+        if max_tokens is None:  # as many as the context leaves
+            max_tokens = max(1, self.max_model_len - len(prompt["prompt_token_ids"]))
+        params = self._params(req, max_tokens, logprobs, "messages")
+        return EngineRequest([prompt], params, "messages", chat=True, logprobs=logprobs,
+                             include_usage=_include_usage(req), stream=req.stream)
+
+
+def _include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def check_utf8(text: str, field: str) -> None:
+    """JSON can spell a lone UTF-16 surrogate (\\ud800), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise APIError(400, f"{field} holds a character that is not valid Unicode (a lone "
+                            f"surrogate, {text[err.start]!r}) at position {err.start}",
+                       field) from None

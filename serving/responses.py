@@ -1,0 +1,260 @@
+"""Response shaping and streaming: one HTTP request's engine outputs, sent as OpenAI sends them.
+
+``RequestRun`` reads the outputs of the request's engine requests and shapes them: one JSON body
+at the end (``body``), or server-sent events as the steps produce them (``first_events``,
+``events``, ``last_events``), with logprobs and usage in OpenAI's shapes. ``EngineResponse`` is
+the ASGI response that sends them while it watches the connection: a client that hangs up, or a
+request past its time limit, is aborted in the engine.
+"""
+
+import asyncio
+import json
+import time
+
+from fastapi.responses import Response
+
+from pagedllm.reference.engine.sampling_params import SamplingParams
+
+from .async_engine import AsyncLLMEngine, EngineStepError
+from .protocol import error_body, now, usage
+
+
+class RequestRun:
+    """Reads the outputs of a request's engine requests and shapes them as OpenAI does."""
+
+    def __init__(self, ids: list[str], outputs: asyncio.Queue, params: SamplingParams,
+                 response_id: str, model_name: str, tokenizer, *, chat: bool,
+                 logprobs: int | None, include_usage: bool):
+        self.ids, self.outputs, self.params = ids, outputs, params
+        self.id, self.model_name, self.tokenizer = response_id, model_name, tokenizer
+        self.chat, self.logprobs, self.include_usage = chat, logprobs, include_usage
+        self.created = now()
+        self.unfinished = set(ids)
+        # Streaming holds back the last len(longest stop string) - 1 characters: the engine
+        # cuts a stop string out of the text when it completes, and what was already sent
+        # cannot be taken back.
+        self.holdback = max((len(s) for s in params.stop_strings), default=1) - 1
+        self.sent_text: dict[int, int] = {}
+        self.sent_tokens: dict[int, int] = {}
+        self.final: dict[str, object] = {}
+
+    async def outputs_until_done(self, deadline: float | None):
+        """Every RequestOutput of this request's engine requests, as they come."""
+        while self.unfinished:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError
+            item = await asyncio.wait_for(self.outputs.get(), remaining)
+            if isinstance(item, EngineStepError):
+                raise item
+            if item.finished:
+                self.unfinished.discard(item.request_id)
+                self.final[item.request_id] = item
+            yield item
+
+    def _index(self, out, completion) -> int:
+        return self.ids.index(out.request_id) * self.params.n + completion.index
+
+    def _usage(self, outs) -> dict:
+        return usage(sum(len(o.prompt_token_ids) for o in outs),
+                     sum(len(c.token_ids) for o in outs for c in o.outputs))
+
+    # -- logprobs ---------------------------------------------------------------------------
+    def _token(self, token_id: int) -> str:
+        tok = self.tokenizer
+        return tok.decode([token_id]) if tok is not None else str(token_id)
+
+    def _logprobs(self, completion, start: int, text_offset: int = 0):
+        if self.logprobs is None or completion.logprobs is None:
+            return None
+        entries = list(zip(completion.token_ids[start:], completion.logprobs[start:],
+                           strict=True))
+        k = self.logprobs
+        if self.chat:
+            return {"content": [{
+                "token": self._token(t), "logprob": lps[t],
+                "bytes": list(self._token(t).encode()),
+                "top_logprobs": [{"token": self._token(i), "logprob": lp,
+                                  "bytes": list(self._token(i).encode())}
+                                 for i, lp in _top(lps, k)]} for t, lps in entries]}
+        tokens = [self._token(t) for t, _ in entries]
+        offsets, at = [], text_offset
+        for piece in tokens:
+            offsets.append(at)
+            at += len(piece)
+        return {"tokens": tokens, "token_logprobs": [lps[t] for t, lps in entries],
+                "top_logprobs": [{self._token(i): lp for i, lp in _top(lps, k)}
+                                 for _, lps in entries],
+                "text_offset": offsets}
+
+    # -- the whole answer at once -------------------------------------------------------------
+    def body(self) -> dict:
+        outs = [self.final[i] for i in self.ids]
+        choices = []
+        for out in outs:
+            for c in out.outputs:
+                choice = {"index": self._index(out, c), "logprobs": self._logprobs(c, 0),
+                          "finish_reason": _finish_reason(c)}
+                if self.chat:
+                    choice["message"] = {"role": "assistant", "content": c.text}
+                else:
+                    choice["text"] = c.text
+                choices.append(choice)
+        choices.sort(key=lambda ch: ch["index"])
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model_name, "choices": choices,
+                "usage": self._usage(outs)}
+
+    # -- server-sent events -------------------------------------------------------------------
+    def _chunk(self, choices: list, **extra) -> bytes:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat
+                else "text_completion", "created": self.created, "model": self.model_name,
+                "choices": choices, **extra}
+        return _event(body)
+
+    def first_events(self) -> list[bytes]:
+        """Chat streams open with the assistant's role, one chunk per choice."""
+        if not self.chat:
+            return []
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}])
+                for i in range(len(self.ids) * self.params.n)]
+
+    def events(self, out) -> list[bytes]:
+        """The chunks one RequestOutput adds: each completion's new text (and tokens)."""
+        chunks = []
+        for c in out.outputs:
+            index = self._index(out, c)
+            sent, sent_tokens = self.sent_text.get(index, 0), self.sent_tokens.get(index, 0)
+            done = c.finish_reason is not None
+            end = len(c.text) if done else max(sent, len(c.text) - self.holdback)
+            delta = c.text[sent:end]
+            new_tokens = len(c.token_ids) > sent_tokens
+            if not delta and not done and not (new_tokens and self.logprobs is not None):
+                continue
+            if done and index in self.sent_text and self.sent_text[index] < 0:
+                continue  # its last chunk went out already
+            logprobs = self._logprobs(c, sent_tokens, sent) if new_tokens else None
+            self.sent_text[index] = -1 if done else end
+            self.sent_tokens[index] = len(c.token_ids)
+            choice = {"index": index, "logprobs": logprobs,
+                      "finish_reason": _finish_reason(c) if done else None}
+            if self.chat:
+                choice["delta"] = {"content": delta} if delta or not done else {}
+            else:
+                choice["text"] = delta
+            chunks.append(self._chunk([choice]))
+        return chunks
+
+    def last_events(self) -> list[bytes]:
+        if not self.include_usage:
+            return []
+        return [self._chunk([], usage=self._usage([self.final[i] for i in self.ids]))]
+
+
+def _top(lps: dict, k: int) -> list:
+    return sorted(lps.items(), key=lambda item: -item[1])[:k]
+
+
+def _finish_reason(completion) -> str | None:
+    reason = completion.finish_reason
+    return "length" if reason == "length" else ("stop" if reason is not None else None)
+
+
+def _event(body: dict) -> bytes:
+    """One server-sent event: a ``data:`` line and the blank line that ends it."""
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+async def send_json(send, status: int, body: dict) -> None:
+    """A whole JSON response, straight to ASGI (the gate answers before any route runs)."""
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class EngineResponse(Response):
+    """An ASGI response that runs the request while watching the connection.
+
+    Two tasks: ``produce`` reads the outputs and sends them; ``watch`` waits for the client's
+    disconnect. When either ends, the other is cancelled, and every engine request of this
+    HTTP request is aborted (a no-op for those that finished): a client that hangs up mid-stream
+    frees its KV blocks at the next step, not when its answer would have been complete.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, run: RequestRun, stream: bool,
+                 timeout: float | None):
+        # Response's own attributes are not used: the status and the body are sent below.
+        self.engine, self.run, self.stream, self.timeout = engine, run, stream, timeout
+        self.background = None
+        self.status: int | None = None
+
+    # --8<-- [start:response]
+    async def __call__(self, scope, receive, send):
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        produce = asyncio.ensure_future(self._produce(send, deadline))
+        watch = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait({produce, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (produce, watch):
+                task.cancel()
+            await asyncio.gather(produce, watch, return_exceptions=True)
+            for request_id in self.run.ids:
+                if request_id in self.run.unfinished:
+                    self.engine.abort(request_id)
+        if produce.done() and not produce.cancelled() and produce.exception() is not None:
+            if not isinstance(produce.exception(), OSError):  # OSError: the client is gone
+                raise produce.exception()
+    # --8<-- [end:response]
+
+    def _timed_out(self) -> dict:
+        return error_body(408, f"the request ran past the time limit of {self.timeout:g} s "
+                               "(--request-timeout)")
+
+    async def _produce(self, send, deadline: float | None) -> None:
+        run = self.run
+        if not self.stream:
+            status, body = 200, None
+            try:
+                async for _ in run.outputs_until_done(deadline):
+                    pass
+                body = run.body()
+            except TimeoutError:
+                status, body = 408, self._timed_out()
+            except EngineStepError as err:
+                status, body = 500, error_body(500, str(err))
+            self.status = status
+            await send_json(send, status, body)
+            return
+        self.status = 200
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache")]})
+
+        async def emit(chunks: list[bytes]) -> None:
+            if chunks:
+                await send({"type": "http.response.body", "body": b"".join(chunks),
+                            "more_body": True})
+
+        await emit(run.first_events())
+        # A stream has sent its 200 already: an error is its last event, before [DONE].
+        try:
+            async for out in run.outputs_until_done(deadline):
+                await emit(run.events(out))
+            await emit(run.last_events())
+        except TimeoutError:
+            await emit([_event(self._timed_out())])
+        except EngineStepError as err:
+            await emit([_event(error_body(500, str(err)))])
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                    "more_body": False})
+
+
+async def _until_disconnect(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
