@@ -2,17 +2,17 @@
 decode step's share of its memory-bandwidth floor, in one run of under 8 minutes on one H200,
 ending with a short table.
 
-From the repository root, with or without ``pip install -e .``::
+From the repository root, with ``pip install -e .`` or with the checkout on PYTHONPATH (a bare
+checkout imports as ``pagedllm.<tier>``: ``pagedllm/__init__.py`` searches the checkout's
+top-level folders)::
 
     python benchmarks/gpu_check.py --json /tmp/gpu_check.json    # the whole check
-    PYTHONPATH=. python benchmarks/gpu_check.py                  # the same
+    PYTHONPATH=. python benchmarks/gpu_check.py                  # the same, no install
     python benchmarks/gpu_check.py --quick --skip-tests          # a few minutes less
     python benchmarks/gpu_check.py --dry-run                     # no GPU: every path, ~1 minute
 
-The package ``pagedllm`` maps folders (pyproject's package-dir: ``reference/`` is
-``pagedllm.reference`` ...), so a plain checkout on ``PYTHONPATH`` does not import as
-``pagedllm.reference``. This script maps them itself (``use_checkout``), for itself and for
-every subprocess it starts: it always runs the code of the checkout it sits in, installed or not.
+Every subprocess it starts gets the checkout first on PYTHONPATH, so it runs this checkout's
+code whatever else is installed.
 
 Sections, each in its own subprocess with a time limit (a crash or a hung CUDA context in one
 leaves the others running; the table says which failed):
@@ -25,12 +25,13 @@ leaves the others running; the table says which failed):
    Llama-3.2-1B (written by ``save_pretrained`` into a temporary folder: nothing downloaded), on
    nano-vllm's benchmark workload: every request queued at once, prompt and output lengths
    uniform in 100..1024, greedy, EOS ignored (each request generates exactly its own length).
-   Systems: the optimized engine, the reference engine, transformers ``generate`` on static
-   batches (left-padded; only each request's own tokens count) and transformers
-   ``generate_batch`` (its continuous batching, each request its own max_new_tokens). All get
-   the same batch size and KV room (max_num_seqs x max_model_len tokens). Each is warmed up
-   first (the optimized engine on a workload whose batch shrinks through every CUDA-graph
-   size). The table gives useful output tokens per second and the ratio to ``generate``.
+   Systems (``systems.py``, the ones ``throughput_cpu.py`` races on the CPU): the optimized
+   engine, the reference engine, transformers ``generate`` on static batches (left-padded; only
+   each request's own tokens count) and transformers ``generate_batch`` (its continuous
+   batching, each request its own max_new_tokens). All get the same batch size and KV room
+   (max_num_seqs x max_model_len tokens). Each is warmed up first (the optimized engine on a
+   workload whose batch shrinks through every CUDA-graph size). The table gives useful output
+   tokens per second and the ratio to ``generate``.
    Time limits: each system gets a share of its model's time; a system still running at the end
    of it stops and is reported as *partial* (tokens made so far over the time taken; ``generate``
    stops through its ``max_time``; ``generate_batch`` counts finished requests only). A partial
@@ -56,9 +57,6 @@ import time
 STARTED = time.perf_counter()  # a worker's time limit counts from here: its imports included
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import gc  # noqa: E402
-import importlib.abc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -70,41 +68,23 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import traceback  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ("reference", "optimized", "kernels", "serving")  # pyproject's package-dir
-
-
-class _CheckoutFinder(importlib.abc.MetaPathFinder):
-    """Finds ``pagedllm.<sub>`` in the checkout's top-level folder ``<sub>/``."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        parent, _, name = fullname.partition(".")
-        if parent != "pagedllm" or name not in SUBPACKAGES:
-            return None
-        folder = ROOT / name
-        return importlib.util.spec_from_file_location(
-            fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
-
-
-def use_checkout() -> None:
-    """Make ``import pagedllm.reference`` (and the other tiers) load this checkout's folders.
-
-    The checkout's root goes first on sys.path (``pagedllm/`` is a folder there) and a finder
-    maps the sub-packages to their folders, as an editable install does. An editable install of
-    this same checkout finds the same files; any other install is shadowed.
-    """
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    if not any(isinstance(f, _CheckoutFinder) for f in sys.meta_path):
-        sys.meta_path.append(_CheckoutFinder())
-
-
-use_checkout()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from pagedllm.benchmarks.systems import (  # noqa: E402
+    BLOCK_SIZE,
+    attempt,
+    free_memory,
+    hf_generate,
+    hf_generate_batch,
+    ours,
+    sync,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # -- sizes and budgets --------------------------------------------------------------------------
 BUDGET_S = {"full": 455.0, "quick": 300.0, "dry": 600.0}  # the whole run; 8 minutes is the limit
@@ -116,7 +96,6 @@ GRACE_S = 8.0  # a worker's time limit beyond its own budget: clean-up
 GOAL_E2E = 10.0  # x transformers generate
 GOAL_DECODE = 0.70  # share of the bandwidth floor
 
-BLOCK_SIZE = 16
 SEED = 0
 
 # Random-weight models shaped like the published ones (the tiny_config family, then overrides).
@@ -182,17 +161,6 @@ DECODE = {  # sequences, context tokens, timed steps
 
 
 # == helpers used by the workers ================================================================
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def write_checkpoint(root: Path, name: str, dry_run: bool, device: str) -> Path:
     """The model `name` with N(0, 0.02) weights in bfloat16, written by save_pretrained
     (reused when an earlier worker of this run wrote it)."""
@@ -216,12 +184,16 @@ def write_checkpoint(root: Path, name: str, dry_run: bool, device: str) -> Path:
     return path
 
 
-def unique_parameter_bytes(model) -> int:
-    """Bytes of the model's weights, a tied embedding / lm_head counted once."""
-    seen = {}
-    for p in model.parameters():
-        seen[p.data_ptr()] = p.numel() * p.element_size()
-    return sum(seen.values())
+def checkpoint_weight_bytes(ckpt: Path) -> int:
+    """Bytes of the checkpoint's weights, from its safetensors headers (a tied embedding / lm
+    head is stored once): what a decode step reads of them."""
+    total = 0
+    for path in ckpt.glob("*.safetensors"):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(t["data_offsets"][1] - t["data_offsets"][0]
+                     for name, t in header.items() if name != "__metadata__")
+    return total
 
 
 def make_workload(n: int, low: int, high: int, vocab: int, seed: int = SEED):
@@ -237,155 +209,6 @@ def warmup_workload(batch: int, vocab: int, prompt: int = 32, seed: int = SEED +
     step, through every CUDA-graph size, and the kernels compile for each (outside the timing)."""
     rng = np.random.default_rng(seed)
     return [(rng.integers(0, vocab - 1, prompt).tolist(), i + 1) for i in range(batch)]
-
-
-class Result(dict):
-    """A system's numbers: ok, seconds, output_tokens, tokens_per_s, partial, error ..."""
-
-
-def useful_tokens(tokens: list, work) -> int:
-    return sum(min(len(t), n) for t, (_, n) in zip(tokens, work, strict=True))
-
-
-# -- the systems -------------------------------------------------------------------------------
-def run_ours(tier: str, ckpt: Path, work, warm, setup: dict, cap: float,
-             enforce_eager: bool = False) -> tuple[Result, list]:
-    from pagedllm.reference.engine.sampling_params import SamplingParams
-    if tier == "optimized":
-        from pagedllm.optimized import LLM
-        extra = {"enforce_eager": enforce_eager}
-    else:
-        from pagedllm.reference.engine.llm import LLM
-        extra = {}
-    dev = setup["device"]
-    llm = LLM(ckpt, dtype="bfloat16", device=dev, block_size=BLOCK_SIZE,
-              num_gpu_blocks=setup["batch"] * -(-setup["max_len"] // BLOCK_SIZE),
-              max_num_seqs=setup["batch"], max_model_len=setup["max_len"], **extra)
-
-    def params(n):
-        return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-
-    if warm:
-        llm.generate([{"prompt_token_ids": ids} for ids, _ in warm], [params(n) for _, n in warm],
-                     use_tqdm=False)
-    engine = llm.engine
-    ids = [f"t{i}" for i in range(len(work))]
-    for rid, (prompt, n) in zip(ids, work, strict=True):
-        engine.add_request(rid, {"prompt_token_ids": prompt}, params(n))
-    made: dict[str, list[int]] = {}
-    partial = False
-    sync(dev)
-    began = time.perf_counter()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            made[out.request_id] = out.outputs[0].token_ids
-        if time.perf_counter() - began > cap:
-            partial = True
-            break
-    sync(dev)
-    seconds = time.perf_counter() - began
-    for rid in ids:  # a partial run: free what is left
-        if rid in engine.groups:
-            engine.abort_request(rid)
-    tokens = [made.get(rid, []) for rid in ids]
-    stats = llm.stats()
-    useful = useful_tokens(tokens, work)
-    return Result(ok=True, seconds=seconds, output_tokens=useful, tokens_per_s=useful / seconds,
-                  partial=partial, preemptions=stats["preemptions_recompute"]), tokens
-
-
-def load_hf(ckpt: Path, device: str):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).to(device).eval()
-    model.generation_config.eos_token_id = None  # ignore EOS: every request runs its length
-    model.generation_config.pad_token_id = 0
-    return model
-
-
-def run_hf_generate(ckpt: Path, work, warm, setup: dict, cap: float) -> tuple[Result, list]:
-    dev, batch = setup["device"], setup["batch"]
-    model = load_hf(ckpt, dev)
-
-    from throughput_cpu import left_padded  # benchmarks/ is this script's folder
-
-    @torch.inference_mode()
-    def generate(items, seconds=None):
-        new = max(n for _, n in items)
-        ids, mask = left_padded([prompt for prompt, _ in items])
-        longest = ids.shape[1]
-        kw = {"max_time": seconds} if seconds is not None else {}
-        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                             do_sample=False, max_new_tokens=new, **kw)
-        made = out.shape[1] - longest  # fewer than `new` when max_time stopped it
-        return [out[row, longest: longest + min(n, made)].tolist()
-                for row, (_, n) in enumerate(items)], made < new
-
-    if warm:
-        generate(warm[:2])
-    tokens, partial = [], False
-    sync(dev)
-    began = time.perf_counter()
-    for start in range(0, len(work), batch):
-        left = cap - (time.perf_counter() - began)
-        group = work[start: start + batch]
-        if left <= 0:
-            tokens += [[] for _ in group]
-            partial = True
-            continue
-        got, stopped = generate(group, left if math.isfinite(cap) else None)
-        tokens += got
-        partial |= stopped
-    sync(dev)
-    seconds = time.perf_counter() - began
-    useful = useful_tokens(tokens, work)
-    return Result(ok=True, seconds=seconds, output_tokens=useful, tokens_per_s=useful / seconds,
-                  partial=partial), tokens
-
-
-def continuous_batching_config(batch: int, max_len: int):
-    """transformers' ContinuousBatchingConfig with the same batch and KV room as ours, built from
-    the fields this transformers version has (5.17 says block_size, 5.24 page_size)."""
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    fields = {f.name: f for f in dataclasses.fields(ContinuousBatchingConfig)}
-    page_field = "page_size" if "page_size" in fields else "block_size"
-    page = fields[page_field].default
-    want = {"num_blocks": batch * -(-max_len // page), "max_batch_tokens": max(2048, max_len),
-            "max_requests_per_batch": batch, "allow_block_sharing": False}
-    return ContinuousBatchingConfig(**{k: v for k, v in want.items() if k in fields}), page
-
-
-def run_hf_generate_batch(ckpt: Path, work, warm, setup: dict,
-                          cap: float) -> tuple[Result, list]:
-    from transformers import GenerationConfig
-
-    dev = setup["device"]
-    model = load_hf(ckpt, dev)
-    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0)  # -1: EOS off
-    cb, page = continuous_batching_config(setup["batch"], setup["max_len"])
-
-    from throughput_cpu import finished_results  # benchmarks/ is this script's folder
-
-    def run(items, limit=math.inf):
-        with model.continuous_batching_context_manager(
-                generation_config=gen, continuous_batching_config=cb, block=True, timeout=10,
-                warmup=not setup["dry_run"]) as manager:
-            sync(dev)
-            began = time.perf_counter()  # from the first request to the last result
-            ids = [manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n,
-                                       eos_token_id=-1) for i, (prompt, n) in enumerate(items)]
-            results, partial = finished_results(manager, ids, limit)
-            sync(dev)
-            seconds = time.perf_counter() - began
-        made = [list(results[i].generated_tokens) if i in results else [] for i in ids]
-        return made, seconds, partial
-
-    if warm and setup["dry_run"]:  # on a GPU the manager's own warm-up (graph capture) does it
-        run(warm[:2])
-    tokens, seconds, partial = run(work, cap)
-    useful = useful_tokens(tokens, work)
-    return Result(ok=True, seconds=seconds, output_tokens=useful, tokens_per_s=useful / seconds,
-                  partial=partial, page_size=page), tokens
 
 
 def same_tokens(a: list, b: list) -> dict:
@@ -404,17 +227,6 @@ def same_tokens(a: list, b: list) -> dict:
 
 
 # -- the workers ---------------------------------------------------------------------------------
-def attempt(fn, *args, **kwargs) -> tuple[Result, list | None]:
-    """fn's (result, tokens), or a failed result; either way its memory is freed after."""
-    try:
-        result, tokens = fn(*args, **kwargs)
-    except Exception as exc:
-        traceback.print_exc()
-        result, tokens = Result(ok=False, error=f"{type(exc).__name__}: {exc}"), None
-    free_memory()  # the system's model and KV pool went with fn's frame (and the traceback's)
-    return result, tokens
-
-
 def e2e_worker(args) -> dict:
     """One model: write it, race the systems, write the JSON after each (a worker stopped at
     its time limit still leaves the systems it finished)."""
@@ -445,11 +257,19 @@ def e2e_worker(args) -> dict:
     print(f"{args.model}: {len(work)} requests, {report['workload']['output_tokens']} output "
           f"tokens; checkpoint in {report['checkpoint_seconds']:.1f} s", flush=True)
     save()
-    runners = {"optimized": lambda w, c, **kw: run_ours("optimized", ckpt, work, w, setup, c,
-                                                         **kw),
-               "reference": lambda w, c: run_ours("reference", ckpt, work, w, setup, c),
-               "hf_generate": lambda w, c: run_hf_generate(ckpt, work, w, setup, c),
-               "hf_generate_batch": lambda w, c: run_hf_generate_batch(ckpt, work, w, setup, c)}
+    from pagedllm.optimized import LLM as OptimizedLLM
+    from pagedllm.reference import LLM as ReferenceLLM
+
+    engine_size = dict(batch=setup["batch"], max_len=setup["max_len"], device=dev,
+                       dtype="bfloat16")
+    hf_size = dict(batch=setup["batch"], device=dev, dtype=torch.bfloat16)
+    runners = {
+        "optimized": lambda w, c, eager=False: ours(work, OptimizedLLM, ckpt, warm=w, cap=c,
+                                                    enforce_eager=eager, **engine_size),
+        "reference": lambda w, c: ours(work, ReferenceLLM, ckpt, warm=w, cap=c, **engine_size),
+        "hf_generate": lambda w, c: hf_generate(work, ckpt, warm=w, cap=c, **hf_size),
+        "hf_generate_batch": lambda w, c: hf_generate_batch(
+            work, ckpt, max_len=setup["max_len"], warm=w, cap=c, **hf_size)}
     tokens_of = {}
     for i, name in enumerate(SYSTEMS):
         left = deadline - time.perf_counter()
@@ -464,12 +284,12 @@ def e2e_worker(args) -> dict:
         else:
             warm = warmup_workload(2, cfg.vocab_size, prompt=8)
         print(f"  {LABELS[name]} (time limit {cap:.0f} s) ...", flush=True)
-        result, tokens = attempt(runners[name], warm, cap)
+        result, tokens = attempt(partial(runners[name], warm, cap), work)
         if not result["ok"] and name == "optimized" and not args.dry_run:
             # CUDA graphs failing would fail every decode step: measure eagerly, still failed
             left = deadline - time.perf_counter()
-            eager, tokens = attempt(runners[name], warm, max(2.0, (left - setup_s) * share),
-                                    enforce_eager=True)
+            eager, tokens = attempt(partial(runners[name], warm,
+                                            max(2.0, (left - setup_s) * share), eager=True), work)
             if eager["ok"]:
                 result.update({k: v for k, v in eager.items() if k != "ok"}, eager_fallback=True)
             else:
@@ -519,7 +339,9 @@ def decode_probe(ckpt: Path, setup: dict, enforce_eager: bool) -> dict:
     tokens, all prefilled, then `steps` decode steps (after warm-up steps that capture the
     graph); then the forward alone on the last step's inputs."""
     from pagedllm.optimized import LLM
-    from pagedllm.reference.engine.sampling_params import SamplingParams
+    from pagedllm.reference import SamplingParams
+    from pagedllm.reference.model.config import load_config
+
     dev, batch, context, steps = (setup["device"], setup["batch"], setup["context"],
                                   setup["steps"])
     warm_steps = 0 if setup["dry_run"] else 3
@@ -529,14 +351,14 @@ def decode_probe(ckpt: Path, setup: dict, enforce_eager: bool) -> dict:
               num_gpu_blocks=batch * -(-max_len // BLOCK_SIZE), max_num_seqs=batch,
               max_model_len=max_len, enforce_eager=enforce_eager)
     engine = llm.engine
-    cfg = engine.model.config
+    cfg = load_config(ckpt)
     rng = np.random.default_rng(SEED)
     for i in range(batch):
         engine.add_request(f"d{i}", {"prompt_token_ids": rng.integers(
             0, cfg.vocab_size - 1, context).tolist()},
             SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
     made = {}
-    while len(made) < batch or min(made.values()) < 1 or engine.scheduler.waiting:
+    while len(made) < batch or min(made.values()) < 1 or llm.stats()["waiting"]:
         for out in engine.step():  # the prefills (and a few decodes of the first prompts)
             made[out.request_id] = len(out.outputs[0].token_ids)
     for _ in range(warm_steps):
@@ -551,6 +373,8 @@ def decode_probe(ckpt: Path, setup: dict, enforce_eager: bool) -> dict:
     step_s = (time.perf_counter() - began) / steps
     assert all(i.input_ids.shape[0] == batch for i in seen), "not a steady decode batch"
     context_tokens = sum(int(i.attn_metadata.seq_lens_cpu.sum()) for i in seen) / len(seen)
+    # The model runner, the one part of the engine used directly: the forward alone, and the
+    # decode batch sizes it captured as CUDA graphs.
     runner = engine.runner
     sync(dev)
     began = time.perf_counter()
@@ -558,14 +382,12 @@ def decode_probe(ckpt: Path, setup: dict, enforce_eager: bool) -> dict:
         runner.execute(seen[-1])
     sync(dev)
     forward_s = (time.perf_counter() - began) / steps
-    dtype_bytes = next(engine.model.parameters()).element_size()
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
-    result = {"batch": batch, "mean_context": context_tokens / batch,
-              "weight_bytes": unique_parameter_bytes(engine.model),
-              "kv_bytes": context_tokens * kv_per_token, "step_s": step_s,
-              "forward_s": forward_s, "enforce_eager": enforce_eager,
-              "graphs": sorted(runner.graphs)}
-    return result
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.bfloat16.itemsize
+    return {"batch": batch, "mean_context": context_tokens / batch,
+            "weight_bytes": checkpoint_weight_bytes(ckpt),
+            "kv_bytes": context_tokens * kv_per_token, "step_s": step_s,
+            "forward_s": forward_s, "enforce_eager": enforce_eager,
+            "graphs": sorted(runner.graphs)}
 
 
 def decode_worker(args) -> dict:
@@ -627,8 +449,8 @@ class Run:
         return max(20.0, left * weight / weights_left)
 
     def child(self, name: str, cmd: list[str], timeout: float) -> tuple[int | None, str]:
-        """Run a subprocess (this script's own trampolines) with a time limit; (exit status or
-        None when it ran out of time, its output)."""
+        """Run a subprocess (pytest, the kernel benchmark, this script's workers) on this
+        checkout with a time limit; (exit status or None when it ran out of time, its output)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
@@ -664,18 +486,21 @@ class Run:
                               status=status))
 
 
-def this_script(*args) -> list[str]:
-    """This script in a new interpreter (-S again if this one ignores site: a test of a plain
+def python(*args) -> list[str]:
+    """A new interpreter running args (-S again if this one ignores site: a test of a plain
     checkout, no installed pagedllm)."""
-    return [sys.executable, *(["-S"] if sys.flags.no_site else []),
-            str(Path(__file__).resolve()), *map(str, args)]
+    return [sys.executable, *(["-S"] if sys.flags.no_site else []), *map(str, args)]
+
+
+def this_script(*args) -> list[str]:
+    return python(Path(__file__).resolve(), *args)
 
 
 def section_tests(run: Run, timeout: float) -> None:
     # pytest-xdist, where installed, spreads the tests (and their Triton compiles) over processes
     xdist = not run.args.dry_run and importlib.util.find_spec("xdist") is not None
-    cmd = this_script("--pytest", "tests/gpu", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-                      "-rfE", *(["-n", "4"] if xdist else []))
+    cmd = python("-m", "pytest", "tests/gpu", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                 "-rfE", *(["-n", "4"] if xdist else []))
     rc, out = run.child("tests", cmd, timeout)
     counts = {}
     summary = next((line for line in reversed(out.splitlines())
@@ -699,8 +524,8 @@ def section_tests(run: Run, timeout: float) -> None:
 
 def section_kernels(run: Run, timeout: float, tmp: Path) -> None:
     report = tmp / "kernels_gpu.json"
-    cmd = this_script("--script", "benchmarks/kernels_gpu.py", "--json", report,
-                      *(["--dry-run"] if run.args.dry_run else []))
+    cmd = python(ROOT / "benchmarks" / "kernels_gpu.py", "--json", report,
+                 *(["--dry-run"] if run.args.dry_run else []))
     rc, out = run.child("kernels", cmd, timeout)
     data = json.loads(report.read_text()) if report.exists() else {}
     run.sections["kernels"] = {"exit": rc, **data}
@@ -877,25 +702,7 @@ def orchestrate(args) -> int:
     return 1 if run.failures else 0
 
 
-def trampoline(argv: list[str]) -> int:
-    """The subprocesses' entry points, with this checkout importable: ``--pytest ARGS``
-    and ``--script PATH ARGS``."""
-    if argv[0] == "--pytest":
-        import pytest
-        return pytest.main(argv[1:])
-    import runpy
-    sys.argv = argv[1:]
-    try:
-        runpy.run_path(argv[1], run_name="__main__")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("--pytest", "--script"):
-        return trampoline(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write every number here")
     parser.add_argument("--log", help="write every subprocess's output here (default: beside "

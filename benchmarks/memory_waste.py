@@ -29,12 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+from pagedllm.benchmarks.bench_report import write_json
 from pagedllm.reference.kv_size import GIB, kv_size
 from pagedllm.reference.sim.simulator import simulate
 from pagedllm.reference.sim.traces import WORKLOADS, synthetic_trace
-
-sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
-from bench_report import write_json  # noqa: E402
 
 # The paper's Figure 2 (values read off the figure's labels: approximate), in % of KV memory.
 PAPER_FIGURE2 = {

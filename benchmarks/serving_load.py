@@ -39,10 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pagedllm.benchmarks.bench_report import write_json
 from pagedllm.reference.sim.traces import SHAREGPT, LengthModel, synthetic_trace
-
-sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
-from bench_report import write_json  # noqa: E402
 
 SIZES = {  # name: (requests per rate, rates in requests/s, SCALE, seconds per rate at most)
     "quick": (32, (2.0, 8.0, 32.0), 8, 16.0),

@@ -42,15 +42,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pagedllm.benchmarks.bench_report import write_json
 from pagedllm.reference.engine.beam_search import BeamSearchParams
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.model.config import load_config
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.reference.sim.traces import WORKLOADS, synthetic_trace
-
-sys.path.insert(0, str(Path(__file__).parent))  # run by path or loaded by the tests
-from bench_report import write_json  # noqa: E402
 
 BLOCK_SIZE = 16
 WIDTHS = (2, 4, 6)  # n for parallel sampling, beam width for beam search

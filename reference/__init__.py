@@ -35,5 +35,5 @@ from .model import (
 )
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "ContiguousCache",
-           "EngineArgs", "LLMEngine", "ModelRunner", "ModelConfig", "NoCache", "RequestOutput", "SUPPORTED_MODEL_TYPES",
-           "SamplingParams", "generate", "load_config", "load_model"]
+           "EngineArgs", "LLMEngine", "ModelConfig", "ModelRunner", "NoCache", "RequestOutput",
+           "SUPPORTED_MODEL_TYPES", "SamplingParams", "generate", "load_config", "load_model"]

@@ -44,16 +44,12 @@ def test_gpu_check_dry_run(tmp_path):
 
 
 def test_gpu_check_imports_a_plain_checkout(tmp_path):
-    """No installed pagedllm (python -S: no site, so no editable install's finder): the
-    script maps the checkout's folders to pagedllm.<tier> itself."""
+    """No installed pagedllm (python -S: no site, so no editable install's finder), only the
+    checkout on PYTHONPATH: pagedllm.<tier> and the benchmarks resolve to its folders."""
     packages = os.pathsep.join([str(ROOT), *site.getsitepackages()])
-    code = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_check; "
-            "import pagedllm.optimized, pagedllm.reference.engine.llm as m; print(m.__file__)")
-    plain = subprocess.run([sys.executable, "-S", "-c", "import pagedllm.reference"],
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                           env={**os.environ, "PYTHONPATH": packages})
-    assert plain.returncode != 0  # the folders are not a package by themselves
+    code = ("import pagedllm.benchmarks.gpu_check, pagedllm.optimized, "
+            "pagedllm.reference.engine.llm as m; print(m.__file__)")
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": packages})
+                          timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": packages})
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == ROOT / "reference" / "engine" / "llm.py"

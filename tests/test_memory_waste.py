@@ -1,21 +1,16 @@
 """benchmarks/memory_waste.py in quick mode: the paper's Figure 2 ordering and vLLM's >= 96 %."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_waste.py"
+from pagedllm.benchmarks import memory_waste
 
 
 @pytest.fixture(scope="module")
 def waste(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("memory_waste", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     path = tmp_path_factory.mktemp("waste") / "waste.json"
-    returned = module.main(["--quick", "--json", str(path)])
+    returned = memory_waste.main(["--quick", "--json", str(path)])
     written = json.loads(path.read_text())
     assert written["workloads"] == json.loads(json.dumps(returned["workloads"]))
     return written

@@ -1,24 +1,20 @@
 """benchmarks/sharing.py in quick mode: sharing savings measured on real engine runs order as the
 paper's do, and prefix caching saves the prefill tokens the prompt structure predicts."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sharing.py"
+from pagedllm.benchmarks import sharing as sharing_benchmark
+
 TRACES = ("alpaca", "sharegpt")
 WIDTHS = ("2", "4", "6")
 
 
 @pytest.fixture(scope="module")
 def sharing(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("sharing_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     path = tmp_path_factory.mktemp("sharing") / "sharing.json"
-    returned = module.main(["--quick", "--json", str(path)])
+    returned = sharing_benchmark.main(["--quick", "--json", str(path)])
     written = json.loads(path.read_text())
     assert written["savings"] == json.loads(json.dumps(returned["savings"]))
     return written

@@ -2,7 +2,6 @@
 forced by a small pool: same tokens as a roomy pool, no leaks, no count below zero, and no
 physical block written while another sequence still holds it (checked before every write)."""
 
-import inspect
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -19,10 +18,10 @@ request = st.tuples(
 
 
 def write_guard(tier, block_size: int):
-    """The tier's own backend (the default of its LLM's `backend`), with a store_kv that fails
+    """The tier's own backend (its EngineArgs' default), with a store_kv that fails
     the moment a K/V row lands in a block that is shared or free (it reads the reference counts
     of the engine it is given to)."""
-    base = inspect.signature(tier.LLM).parameters["backend"].default
+    base = tier.EngineArgs("any model").backend
     store_kv = base.store_kv
     state = {}
 

@@ -42,7 +42,7 @@ def test_paged_preempts_the_latest_arrival_and_recomputes_it():
     assert kv.manager.num_tokens(0) == 5
     result = sim.run()
     assert result.finished == 2
-    assert kv.num_seqs == 0 and kv.manager.num_free_gpu_blocks == 4  # nothing leaked
+    assert kv.manager.num_seqs == 0 and kv.manager.num_free_gpu_blocks == 4  # nothing leaked
 
 
 def test_paged_accounting_has_no_reserved_and_no_external():

@@ -8,26 +8,22 @@ the static batch drags finished requests along until its longest one ends); it i
 throughput per CPU second, which other jobs on the machine do not move the way they move wall
 time (the benchmark runs every system on one thread)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput_cpu.py"
+from pagedllm.benchmarks import throughput_cpu
+
 SYSTEMS = ("optimized", "paged_continuous", "contiguous_static", "hf_generate",
            "hf_generate_batch")
 
 
 @pytest.fixture(scope="module")
 def race(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("throughput_cpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     path = tmp_path_factory.mktemp("throughput") / "throughput.json"
     threads = torch.get_num_threads()
-    returned = module.main(["--quick", "--threads", "1", "--json", str(path)])
+    returned = throughput_cpu.main(["--quick", "--threads", "1", "--json", str(path)])
     assert torch.get_num_threads() == threads  # the benchmark gives the setting back
     written = json.loads(path.read_text())
     assert written["systems"] == json.loads(json.dumps(returned["systems"]))

@@ -14,13 +14,12 @@ numbers depend on the machine (a 4-layer model on CPU cores); the shapes are the
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
+from pagedllm.benchmarks import serving_load
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent / "benchmarks"))
-import serving_load  # noqa: E402
 
 SETTINGS = {"--max-num-seqs 256 (default)": "", "--max-num-seqs 4": "--max-num-seqs 4"}
 

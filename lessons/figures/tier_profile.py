@@ -24,9 +24,10 @@ Every operator's self CPU time goes into one of five groups:
   lists, module calls, the update and stop checks.
 
 The backend ops are found by handing each tier a backend whose ops are wrapped in
-``torch.profiler.record_function`` (the ``Backend`` seam: ``LLM(..., backend=...)``). To check
-the claim that the matrix products are bound by reading the weights, the script also times the
-model's weight products alone, on 1 row and on NUM_SEQS rows.
+``torch.profiler.record_function`` (the ``Backend`` seam: ``LLM(..., backend=...)``); the
+labels and the grouping are ``benchmarks/step_profile.py``'s, which profiles whole workloads the
+same way. To check the claim that the matrix products are bound by reading the weights, the
+script also times the model's weight products alone, on 1 row and on NUM_SEQS rows.
 
     .venv/bin/python lessons/figures/tier_profile.py     # about 20 seconds
 
@@ -38,25 +39,19 @@ the profiled bar is the least disturbed of its steps). Absolute times depend on 
 compare the tiers side by side.
 """
 
-import functools
 import json
 import os
 import platform
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
 
-from pagedllm.optimized import LLM as OptimizedLLM
-from pagedllm.optimized import OPTIMIZED_BACKEND
-from pagedllm.reference import LLM as ReferenceLLM
+from pagedllm.benchmarks.step_profile import GROUPS, TIERS, grouped, labeled, profile_steps
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.reference.ops import REFERENCE_BACKEND
 
 HERE = Path(__file__).resolve().parent
 MODEL = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
@@ -65,103 +60,62 @@ INIT_STD = 0.2
 NUM_SEQS, PROMPT_LEN = 16, 64
 BLOCK_SIZE, MAX_MODEL_LEN = 16, 256
 WARMUP_STEPS, ROUNDS = 3, 12
-TIERS = {"reference": (ReferenceLLM, REFERENCE_BACKEND), "optimized": (OptimizedLLM,
-                                                                       OPTIMIZED_BACKEND)}
-GROUPS = ("matrix products", "attention", "small ops", "sampling", "other")
 COLORS = {"matrix products": "#2b6cb0", "attention": "#d97706", "small ops": "#6b46c1",
           "sampling": "#2f855a", "other": "#a0aec0"}
-LABELED = {"store_kv": "attention", "paged_attention": "attention", "rms_norm": "small ops",
-           "rotary": "small ops", "silu_and_mul": "small ops", "sample": "sampling"}
-MATMULS = {"aten::mm", "aten::addmm", "aten::bmm"}
-STEP = "engine step"
 
 
-def labeled(backend):
-    """The backend with each op run inside a record_function named after it."""
-    def wrap(name, fn):
-        @functools.wraps(fn)  # still the same op to whoever unwraps it (the model runner)
-        def op(*args, **kwargs):
-            with record_function(name):
-                return fn(*args, **kwargs)
-        return op
-    return replace(backend, **{name: wrap(name, getattr(backend, name)) for name in LABELED})
+class Tier:
+    """One tier's engine with NUM_SEQS sequences decoding, and what its last step returned (a
+    decode step touches every sequence: their tokens so far)."""
+
+    def __init__(self, name: str, ckpt: Path):
+        llm_class, backend = TIERS[name]
+        self.llm = llm_class(ckpt, max_num_seqs=NUM_SEQS, block_size=BLOCK_SIZE,
+                             max_model_len=MAX_MODEL_LEN,
+                             num_gpu_blocks=NUM_SEQS * MAX_MODEL_LEN // BLOCK_SIZE,
+                             backend=labeled(backend))
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - PROMPT_LEN,
+                                ignore_eos=True)
+        for i in range(NUM_SEQS):
+            prompt = [(7 * i + 13 * j + 1) % MODEL["vocab_size"] for j in range(PROMPT_LEN)]
+            self.llm.engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+        self.outputs = []
+        while self.llm.stats()["prefill_tokens"] < NUM_SEQS * PROMPT_LEN:  # one step: 16 x 64
+            self.step()
+        for _ in range(WARMUP_STEPS):
+            self.step()
+        assert self.decoded() == NUM_SEQS * WARMUP_STEPS, "every sequence decodes"
+
+    def step(self) -> None:
+        self.outputs = self.llm.engine.step()
+
+    def decoded(self) -> int:
+        return self.llm.stats()["decode_tokens"]
+
+    def tokens(self) -> list[list[int]]:
+        return [list(o.outputs[0].token_ids) for o in self.outputs]
 
 
-def group_of(event) -> str:
-    """The group of one operator: its nearest labeled backend op, else by its name."""
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name in LABELED:
-            return LABELED[parent.name]
-        parent = parent.cpu_parent
-    return "matrix products" if event.name in MATMULS else "small ops"
-
-
-def breakdown(prof) -> dict:
-    """One profiled step: ms by group; its operator calls (all, the outermost ones, and the
-    weight products)."""
-    ms = dict.fromkeys(GROUPS, 0.0)
-    step_total, calls, outermost, products = 0.0, 0, 0, 0
-    for event in prof.events():
-        if event.name == STEP:
-            step_total += event.cpu_time_total
-        elif event.name not in LABELED:  # a torch operator
-            group = group_of(event)
-            ms[group] += event.self_cpu_time_total
-            calls += 1
-            products += group == "matrix products"
-            parent = event.cpu_parent
-            outermost += parent is None or parent.name in LABELED or parent.name == STEP
-    ms["other"] = step_total - sum(ms.values())
-    return {"ms_per_step": {g: v / 1000 for g, v in ms.items()},
-            "profiled_step_ms": step_total / 1000, "operator_calls_per_step": calls,
-            "outermost_operator_calls_per_step": outermost, "matrix_product_calls": products}
-
-
-def start_tier(name: str, ckpt: Path):
-    """The tier's engine with NUM_SEQS sequences prefilled and a few decode steps done."""
-    llm_class, backend = TIERS[name]
-    llm = llm_class(ckpt, max_num_seqs=NUM_SEQS, block_size=BLOCK_SIZE,
-                    max_model_len=MAX_MODEL_LEN,
-                    num_gpu_blocks=NUM_SEQS * MAX_MODEL_LEN // BLOCK_SIZE,
-                    backend=labeled(backend))
-    engine = llm.engine
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - PROMPT_LEN,
-                            ignore_eos=True)
-    for i in range(NUM_SEQS):
-        prompt = [(7 * i + 13 * j + 1) % MODEL["vocab_size"] for j in range(PROMPT_LEN)]
-        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
-    counters = engine.scheduler.counters
-    while counters["prefill_tokens"] < NUM_SEQS * PROMPT_LEN:  # 16 x 64 tokens: one step
-        engine.step()
-    for _ in range(WARMUP_STEPS):
-        engine.step()
-    assert counters["decode_tokens"] == NUM_SEQS * WARMUP_STEPS, "every sequence decodes"
-    return engine
-
-
-def measure(engines: dict) -> dict:
+def measure(tiers: dict) -> dict:
     """ROUNDS rounds; in each, every tier runs one timed step and one profiled step, so that a
     disturbance of the machine hits both tiers alike. Per tier: the median timed step, and the
     profiled step with the smallest total (the least disturbed one)."""
-    timed = {name: [] for name in engines}
-    profiled = {name: [] for name in engines}
+    timed = {name: [] for name in tiers}
+    profiled = {name: [] for name in tiers}
     for _ in range(ROUNDS):
-        for name, engine in engines.items():
+        for name, tier in tiers.items():
             start = time.process_time()
-            engine.step()
+            tier.step()
             timed[name].append((time.process_time() - start) * 1000)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                with record_function(STEP):
-                    engine.step()
-            profiled[name].append(breakdown(prof))
+            profiled[name].append(grouped(profile_steps(tier.step, 1)))
     out = {}
-    for name, engine in engines.items():
+    for name, tier in tiers.items():
         decode_steps = WARMUP_STEPS + 2 * ROUNDS
-        assert engine.scheduler.counters["decode_tokens"] == NUM_SEQS * decode_steps
+        assert tier.decoded() == NUM_SEQS * decode_steps
         best = min(profiled[name], key=lambda r: r["profiled_step_ms"])
+        context = len(tier.outputs[0].prompt_token_ids) + len(tier.outputs[0].outputs[0].token_ids)
         out[name] = {"step_ms": statistics.median(timed[name]), "timed_steps_ms": timed[name],
-                     "context_at_end": len(engine.scheduler.running[0].seqs[0]), **best,
+                     "context_at_end": context, **best,
                      "profiled_steps_ms": [r["profiled_step_ms"] for r in profiled[name]]}
     return out
 
@@ -241,10 +195,9 @@ def main() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = tiny_config("llama", max_position_embeddings=MAX_MODEL_LEN, **MODEL)
         ckpt = write_random_checkpoint(Path(tmp) / "llama", cfg, seed=0, init_std=INIT_STD)
-        engines = {name: start_tier(name, ckpt) for name in TIERS}
+        engines = {name: Tier(name, ckpt) for name in TIERS}
         tiers = measure(engines)
-        tokens = {name: [list(g.seqs[0].output_token_ids) for g in e.scheduler.running]
-                  for name, e in engines.items()}
+        tokens = {name: tier.tokens() for name, tier in engines.items()}
         del engines
         products = weight_products(ckpt)
     same = tokens["reference"] == tokens["optimized"]

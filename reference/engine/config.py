@@ -24,8 +24,14 @@ from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
 from ..ops import REFERENCE_BACKEND, Backend
 from .model_runner import ModelRunner
 from .scheduler import SchedulerConfig
-from .validation import (FieldTypeError, FieldValueError, check_bool, check_choice,
-                         check_float, check_int)
+from .validation import (
+    FieldTypeError,
+    FieldValueError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+)
 
 KV_LAYOUTS = ("paged", "contiguous")
 POLICIES = ("max", "pow2", "oracle")

@@ -153,7 +153,7 @@ class LLMEngine:
             raise
         touched = list(dict.fromkeys(item.group for item in sched.scheduled))
         self.scheduler.finish_requests(touched)
-        outputs = [self._output(g) for g in touched if g.is_finished or _streams(g)]
+        outputs = [self._output(g) for g in touched if g.is_finished or g.streams]
         for group in touched:
             if group.is_finished:
                 self.groups.pop(group.request_id, None)
@@ -315,9 +315,3 @@ class LLMEngine:
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped),
         }
-
-
-def _streams(group: SequenceGroup) -> bool:
-    """Does the request want its output at every step, not only when it finishes?"""
-    params = group.sampling_params
-    return not (isinstance(params, SamplingParams) and params.output_kind == "final_only")

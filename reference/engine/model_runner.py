@@ -5,8 +5,9 @@ updates. The runner holds the model and runs it: ``execute(step_inputs) -> logit
 one place a tier differs. The reference runner below is the readable model, called with the
 reference's attention context; ``pagedllm.optimized`` has a runner of its own (merged
 projections, persistent buffers, CUDA graphs, profiled KV sizing, attention planned once per
-step) behind the same methods, plus ``profile_num_blocks()`` where ``profiles_kv_cache``. The engine picks the runner class once, from its config
-(``EngineArgs.model_runner``), and never asks which one it has.
+step) behind the same methods, plus ``profile_num_blocks()`` where ``profiles_kv_cache``. The
+engine picks the runner class once, from its config (``EngineArgs.model_runner``), and never
+asks which one it has.
 
 What a runner can and cannot do is said by three class attributes, which the configuration's
 checks read (``config.py``), so that a tier refuses what it does not run at the door.

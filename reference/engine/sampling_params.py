@@ -3,8 +3,14 @@ when it is made, so a bad value is refused before it reaches the engine."""
 
 from dataclasses import dataclass, field
 
-from .validation import (FieldTypeError, FieldValueError, check_bool, check_choice,
-                         check_float, check_int)
+from .validation import (
+    FieldTypeError,
+    FieldValueError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+)
 
 FLOAT32_MAX = 3.4028234663852886e38  # the sampler holds temperatures in float32
 OUTPUT_KINDS = ("cumulative", "final_only")  # vLLM's RequestOutputKind (DELTA aside)

@@ -121,6 +121,12 @@ class SequenceGroup:
         self.seqs = [Sequence(next_seq_id(), list(self.seqs[0].prompt_token_ids))]
         self.finished_beams = []
 
+    @property
+    def streams(self) -> bool:
+        """Does the request want its output at every step, not only once it finishes?"""
+        params = self.sampling_params
+        return not (isinstance(params, SamplingParams) and params.output_kind == "final_only")
+
     def unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if not s.is_finished]
 

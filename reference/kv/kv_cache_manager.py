@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .block_manager import BlockSpaceManager
 from .contiguous_allocator import ContiguousAllocator
 
+
 @dataclass
 class KVCacheBlocks:
     """What admitting a sequence gave it (vLLM's KVCacheBlocks): its blocks, and how many of

@@ -1,0 +1,270 @@
+"""The systems the throughput benchmarks race, each implemented once: our engine (either tier,
+any KV layout and batching), transformers ``generate`` on static padded batches, and
+transformers' continuous batching, the machinery behind ``generate_batch``.
+``throughput_cpu.py`` races them on the CPU, ``gpu_check.py`` on a GPU.
+
+A workload is [(prompt token ids, output length)], all queued at once; every request generates
+exactly its own length (greedy, EOS ignored). Each system is warmed up on `warm` (a workload of
+its own) outside the timing and returns a ``Measured``: each request's output tokens in the
+workload's order and the clock of the timed run. A time limit (`cap`, seconds) stops a system
+early: the run is then partial and counts the tokens made so far (transformers' continuous
+batching: those of its finished requests only).
+"""
+
+import dataclasses
+import gc
+import math
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pagedllm.reference import SamplingParams
+
+BLOCK_SIZE = 16
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class Clock:
+    """Wall time and this process's CPU time (all its threads) over a timed section, the
+    device's queue drained at both ends. With one thread and an idle machine they agree; when
+    other jobs take the CPU, wall time grows and CPU time does not, so CPU time is the steadier
+    measure of the work done."""
+
+    def __init__(self, device="cpu"):
+        self.device = device
+
+    def __enter__(self):
+        sync(self.device)
+        self.began, self.began_cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device)
+        self.wall = time.perf_counter() - self.began
+        self.cpu = time.process_time() - self.began_cpu
+
+
+@dataclass
+class Measured:
+    tokens: list[list[int]]  # each request's output tokens, in the workload's order
+    clock: Clock
+    partial: bool = False  # the time limit stopped the run
+    extra: dict = field(default_factory=dict)  # the system's own numbers, for the report
+    made: int | None = None  # output tokens in all, where `tokens` lacks unfinished requests'
+
+
+def useful_tokens(tokens: list, work) -> int:
+    """Each request's own output tokens: what a request made past its length is waste."""
+    return sum(min(len(t), n) for t, (_, n) in zip(tokens, work, strict=True))
+
+
+def attempt(run: Callable[[], Measured], work) -> tuple[dict, list | None]:
+    """A system's numbers and tokens: run() summed up, or {"ok": False, "error": ...} and None
+    (one system failing leaves the others running). Its memory is freed either way: the model
+    and KV pool went with run's frame."""
+    try:
+        measured = run()
+    except Exception as exc:
+        traceback.print_exc()
+        result, tokens = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+    else:
+        clock, tokens = measured.clock, measured.tokens
+        useful = measured.made if measured.made is not None else useful_tokens(tokens, work)
+        result = {"ok": True, "seconds": clock.wall, "cpu_seconds": clock.cpu,
+                  "output_tokens": useful, "tokens_per_s": useful / clock.wall,
+                  "tokens_per_cpu_s": useful / clock.cpu if clock.cpu > 0 else 0.0,
+                  "partial": measured.partial, **measured.extra}
+    free_memory()
+    return result, tokens
+
+
+# -- ours -------------------------------------------------------------------------------------
+def ours(work, llm_class, ckpt: Path, *, batch: int, max_len: int, warm=(),
+         cap: float = math.inf, device: str = "cpu", **options) -> Measured:
+    """Our engine, `llm_class` (either tier's LLM) with `batch` sequences at most and KV room for
+    each to reach max_len; `options` go to the LLM (kv_layout, batching, dtype, ...). Driven
+    step by step as LLM.generate drives it (each request's output once, when it finishes), so
+    that a time limit can stop it between steps."""
+    llm = llm_class(ckpt, device=device, max_num_seqs=batch, max_model_len=max_len,
+                    block_size=BLOCK_SIZE, num_gpu_blocks=batch * -(-max_len // BLOCK_SIZE),
+                    **options)
+    engine = llm.engine
+    sampled = 0
+
+    def count(_engine, _scheduler_output, step_inputs) -> None:
+        # A partial run's unfinished requests return no output: count the tokens every step
+        # samples, one per row that predicts a next token, to know what they made.
+        nonlocal sampled
+        sampled += len(step_inputs.logits_indices)
+
+    engine.add_step_observer(count)
+
+    def run(items, tag: str, until: float = math.inf) -> tuple[list, bool]:
+        ids = [f"{tag}{i}" for i in range(len(items))]
+        for rid, (prompt, n) in zip(ids, items, strict=True):
+            engine.add_request(rid, {"prompt_token_ids": prompt}, SamplingParams(
+                temperature=0.0, max_tokens=n, ignore_eos=True, output_kind="final_only"))
+        finished = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                finished[out.request_id] = out.outputs[0].token_ids
+            if time.perf_counter() > until:
+                break
+        for rid in ids:  # a partial run: free what is left
+            if rid not in finished:
+                engine.abort_request(rid)
+        return [finished.get(rid, []) for rid in ids], len(finished) < len(ids)
+
+    if warm:
+        run(warm, "warm")
+    before, sampled = llm.stats(), 0
+    with Clock(device) as clock:
+        tokens, partial = run(work, "r", clock.began + cap)
+    after = llm.stats()
+    counts = {k: after[k] - before[k]
+              for k in ("preemptions_recompute", "prefill_tokens", "decode_tokens")}
+    return Measured(tokens, clock, partial, counts, made=sampled if partial else None)
+
+
+# -- transformers -----------------------------------------------------------------------------
+def load_hf(ckpt: Path, dtype: torch.dtype, device: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(device).eval()
+    model.generation_config.eos_token_id = None  # ignore EOS: every request runs its length
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def batches(items: list, size: int) -> list[list]:
+    return [items[i: i + size] for i in range(0, len(items), size)]
+
+
+def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A static batch for transformers' generate: prompts left-padded to the longest, and the
+    attention mask that hides the padding. Returns (input_ids, attention_mask) [B, longest]."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), longest, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt):] = torch.tensor(prompt)
+        mask[row, longest - len(prompt):] = 1
+    return ids, mask
+
+
+def hf_generate(work, ckpt: Path, *, batch: int, warm=(), cap: float = math.inf,
+                device: str = "cpu", dtype: torch.dtype = torch.float32) -> Measured:
+    """transformers ``generate`` on static batches of `batch` requests in arrival order,
+    left-padded to the batch's longest prompt, max_new_tokens = the batch's longest output. Only
+    each request's own tokens count: the padding, and the tokens a request is dragged through
+    while the batch's longest one finishes, are waste. The time left reaches generate as its
+    max_time; a batch that starts after the limit makes nothing."""
+    model = load_hf(ckpt, dtype, device)
+
+    @torch.inference_mode()
+    def run(items, until: float = math.inf) -> tuple[list, int, bool]:
+        tokens, generated, partial = [], 0, False
+        for group in batches(items, batch):
+            left = until - time.perf_counter()
+            if left <= 0:
+                tokens += [[] for _ in group]
+                partial = True
+                continue
+            new = max(n for _, n in group)
+            ids, mask = left_padded([prompt for prompt, _ in group])
+            longest = ids.shape[1]
+            limit = {"max_time": left} if math.isfinite(left) else {}
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 do_sample=False, max_new_tokens=new, **limit)
+            made = out.shape[1] - longest  # fewer than `new` when max_time stopped it
+            partial |= made < new
+            generated += len(group) * made
+            tokens += [out[row, longest: longest + min(n, made)].tolist()
+                       for row, (_, n) in enumerate(group)]
+        return tokens, generated, partial
+
+    if warm:
+        run(warm)
+    with Clock(device) as clock:
+        tokens, generated, partial = run(work, clock.began + cap)
+    return Measured(tokens, clock, partial, {"generated_tokens_incl_waste": generated})
+
+
+def continuous_batching_config(batch: int, max_len: int, page_size: int | None = None):
+    """transformers' ContinuousBatchingConfig with the same batch and KV room as ours, built from
+    the fields this transformers version has (5.17 says block_size, 5.24 page_size); page_size
+    None keeps transformers' default. Returns (config, page size)."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    fields = {f.name: f for f in dataclasses.fields(ContinuousBatchingConfig)}
+    page_field = "page_size" if "page_size" in fields else "block_size"
+    page = page_size or fields[page_field].default
+    want = {page_field: page, "num_blocks": batch * -(-max_len // page),
+            "max_batch_tokens": max(2048, max_len), "max_requests_per_batch": batch,
+            "allow_block_sharing": False}
+    return ContinuousBatchingConfig(**{k: v for k, v in want.items() if k in fields}), page
+
+
+def finished_results(manager, ids: list[str], seconds: float = math.inf) -> tuple[dict, bool]:
+    """The finished results of transformers' continuous-batching manager, by request id, until
+    every request is done or `seconds` have passed; and whether time ran out first."""
+    results, began = {}, time.perf_counter()
+    while len(results) < len(ids):
+        if time.perf_counter() - began > seconds:
+            return results, True
+        result = manager.get_result(timeout=1)
+        if result is not None and result.is_finished():
+            if result.error is not None:
+                raise RuntimeError(f"generate_batch failed: {result.error}")
+            results[result.request_id] = result
+        elif result is None and not manager.is_running():
+            raise RuntimeError("transformers' continuous batching thread stopped")
+    return results, False
+
+
+def hf_generate_batch(work, ckpt: Path, *, batch: int, max_len: int, warm=(),
+                      cap: float = math.inf, device: str = "cpu",
+                      dtype: torch.dtype = torch.float32,
+                      page_size: int | None = None) -> Measured:
+    """transformers' continuous batching over its paged cache. ``generate_batch`` takes one
+    max_new_tokens for every request, so this drives the same manager the way it does
+    (``continuous_batching_context_manager``, ``add_request``, ``get_result``) with each
+    request's own max_new_tokens. A partial run counts finished requests only."""
+    from transformers import GenerationConfig
+
+    model = load_hf(ckpt, dtype, device)
+    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0)  # -1: EOS off
+    cb, page = continuous_batching_config(batch, max_len, page_size)
+    # On a GPU the manager warms itself up (captures its graphs) before it takes requests; on
+    # the CPU it has nothing to capture, and a short run of our own warms it up instead.
+    on_gpu = torch.device(device).type == "cuda"
+
+    def run(items, seconds: float = math.inf) -> tuple[list, Clock, bool]:
+        with model.continuous_batching_context_manager(
+                generation_config=gen, continuous_batching_config=cb, block=True, timeout=10,
+                warmup=on_gpu) as manager:
+            with Clock(device) as clock:  # from the first request to the last result
+                ids = [manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n,
+                                           eos_token_id=-1) for i, (prompt, n) in enumerate(items)]
+                results, partial = finished_results(manager, ids, seconds)
+        made = [list(results[i].generated_tokens) if i in results else [] for i in ids]
+        return made, clock, partial
+
+    if warm and not on_gpu:
+        run(warm)
+    tokens, clock, partial = run(work, cap)
+    return Measured(tokens, clock, partial, {"page_size": page})
