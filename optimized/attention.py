@@ -19,7 +19,8 @@ worked out once per step, as an ``AttentionPlan``, and reused by every layer: vL
 likewise turn the step's common metadata into their own once per step (a metadata builder).
 The runner builds one ``PlannedAttention`` context per step; it holds the step's plans.
 ``cpu_paged_attention`` is the same path with the reference op's signature (it plans for
-itself), held to the reference by the same tests as the kernel (``tests/test_paged_attention.py``).
+itself), held to the reference by the same tests as the kernel
+(``tests/unit/test_paged_attention.py``).
 
 Gathers are of whole blocks (``index_select`` of [block_size, kv_heads, head_dim] chunks), not
 of single slots: on a CPU, copying a few large contiguous chunks is several times faster than

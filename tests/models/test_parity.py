@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 from pagedllm.reference import NoCache, generate, load_config, load_model
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
-from .conftest import FAMILIES, INIT_STD
+from ..conftest import FAMILIES, INIT_STD
 
 LOGIT_TOL = 1e-4  # max abs difference, float32; measured ~2e-5 at INIT_STD = 0.2
 PROMPT_LENGTHS = (1, 7, 40)  # 40 > the Mistral checkpoint's sliding window of 16

@@ -26,7 +26,7 @@ from pagedllm.reference.engine.stop import check_stop
 from pagedllm.reference.ops import REFERENCE_BACKEND, Backend
 from pagedllm.serving.default_model import default_model_dir
 
-REFERENCE = Path(__file__).resolve().parents[1] / "reference"
+REFERENCE = Path(__file__).resolve().parents[2] / "reference"
 SUBPACKAGES = ("ops", "model", "kv", "engine", "sim")
 FORBIDDEN = {"ops": {"model", "kv", "engine", "sim"}, "model": {"kv", "engine", "sim"},
              "kv": {"model", "engine", "sim"}, "sim": {"model", "engine"}, "engine": set()}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = sorted((ROOT / "lessons").glob("*.md"))
 PROMPT = re.compile(r"^\s*>>>", re.MULTILINE)
 FENCE = re.compile(r"^[ \t]*(```|~~~).*$", re.MULTILINE)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pagedllm.reference import LLM, BeamSearchParams, SamplingParams
 
-from .conftest import failing_backend
+from ..conftest import failing_backend
 
 SHARED = list(range(100, 111))
 

@@ -5,7 +5,7 @@ import torch
 
 from pagedllm.reference import ContiguousCache, NoCache, generate, load_model
 
-from .conftest import FAMILIES
+from ..conftest import FAMILIES
 
 
 @pytest.mark.parametrize("family", FAMILIES)

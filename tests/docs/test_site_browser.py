@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if
                  p and Path(p).is_file()), None)
 CHROMEDRIVER = next((p for p in ("/usr/bin/chromedriver", shutil.which("chromedriver") or "")

@@ -15,7 +15,7 @@ from pagedllm.optimized import OPTIMIZED_BACKEND
 from pagedllm.reference.model.config import load_config
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
-from .conftest import failing_backend
+from ..conftest import failing_backend
 
 
 def test_gpu_memory_utilization_is_checked_on_the_cpu_too(checkpoints):

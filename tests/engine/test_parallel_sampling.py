@@ -4,7 +4,7 @@ own generator; the same tokens whatever the batch or the memory pressure."""
 import pytest
 import torch
 
-from .conftest import baseline_refusal
+from ..conftest import baseline_refusal
 
 PROMPT = {"prompt_token_ids": list(range(40, 63))}  # 23 tokens: the last block is partly full
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from .conftest import baseline_refusal
+from ..conftest import baseline_refusal
 
 
 @pytest.mark.parametrize("family", ["llama3", "opt", "qwen2"])

@@ -146,7 +146,7 @@ def test_memory_map_figure_tiles_the_whole_space():
     import importlib.util
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "lessons" / "figures" / "memory_map.py"
+    script = Path(__file__).resolve().parents[2] / "lessons" / "figures" / "memory_map.py"
     spec = importlib.util.spec_from_file_location("memory_map", script)
     memory_map = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(memory_map)

@@ -15,7 +15,7 @@ import pagedllm.reference as reference
 from pagedllm.optimized.layers import merge_projections
 from pagedllm.reference import NoCache, load_model
 
-from .conftest import FAMILIES
+from ..conftest import FAMILIES
 
 LOGIT_TOL = 1e-4  # float32, as the reference's own parity test
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pagedllm.reference import NoCache, generate, load_config, load_model
 from pagedllm.serving.default_model import default_model_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = default_model_dir()
 VAL_LOSS_BOUND = 4.2  # nats/token: measured 3.99; a uniform guess over 4096 tokens is 8.32
 

@@ -5,7 +5,7 @@ import pytest
 
 from pagedllm.reference.model.config import load_config
 
-from .conftest import baseline_refusal
+from ..conftest import baseline_refusal
 
 
 @pytest.fixture(scope="module")

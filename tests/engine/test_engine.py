@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from pagedllm.reference import generate, load_model
 
-from .conftest import baseline_refusal
+from ..conftest import baseline_refusal
 
 PROMPT_LENGTHS = (3, 17, 40, 9, 25, 1, 33, 12, 5, 21, 8, 30, 2, 14, 19, 27)  # 16 requests
 

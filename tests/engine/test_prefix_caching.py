@@ -2,7 +2,7 @@
 
 import torch
 
-from .conftest import baseline_refusal
+from ..conftest import baseline_refusal
 
 SYSTEM = list(range(100, 137))  # a 37-token "system prompt" shared by every request
 BLOCK = 4
