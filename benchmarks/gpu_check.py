@@ -17,6 +17,10 @@ code whatever else is installed.
 Sections, each in its own subprocess with a time limit (a crash or a hung CUDA context in one
 leaves the others running; the table says which failed):
 
+0. compile: ``python -m pagedllm.kernels.compile_check --matrix ci``: every launch the engine
+   makes, recorded under the interpreter and compiled for sm_80 and sm_90 in fresh processes;
+   shared memory, registers, spills and occupancy per kernel and target (the same report CI
+   checks, run first so that a launch the GPU cannot load is named before anything runs).
 1. tests: ``pytest tests/gpu``: the kernels, the reference and the optimized tier on CUDA
    against their CPU or reference twins; passed / failed counts.
 2. kernels: ``benchmarks/kernels_gpu.py``; its goal rows (decode attention at context 4096 vs
@@ -90,7 +94,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = {"full": 455.0, "quick": 300.0, "dry": 600.0}  # the whole run; 8 minutes is the limit
 # Each section's share of the budget left when it starts (time a section leaves unused goes to
 # the sections after it).
-WEIGHTS = {"tests": 150, "kernels": 55, "e2e": 70, "decode": 35}
+WEIGHTS = {"compile": 40, "tests": 150, "kernels": 55, "e2e": 70, "decode": 35}
 GRACE_S = 8.0  # a worker's time limit beyond its own budget: clean-up
 
 GOAL_E2E = 10.0  # x transformers generate
@@ -522,6 +526,29 @@ def section_tests(run: Run, timeout: float) -> None:
         run.row("tests", "  " + name.split("::", 1)[-1][:44], "failed", status="FAILED")
 
 
+def section_compile(run: Run, timeout: float, tmp: Path) -> None:
+    """The compile report first: every launch the engine makes, recorded under the interpreter
+    and compiled for sm_80 and sm_90 in fresh processes, with shared memory and registers
+    against the SM's limits (kernels/compile_check.py). The dry run compiles for sm_90 only."""
+    report = tmp / "compile_check.json"
+    targets = "90" if run.args.dry_run else "80,90"
+    cmd = python("-m", "pagedllm.kernels.compile_check", "--matrix", "ci", "--targets", targets,
+                 "--json", report)
+    rc, out = run.child("compile", cmd, timeout)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    run.sections["compile"] = {"exit": rc, "summary": data.get("summary", [])}
+    if data.get("summary"):
+        from pagedllm.kernels.compile_check import format_summary
+
+        print(format_summary(data["summary"]), flush=True)  # the resource table
+    ok = rc == 0
+    if not ok:
+        run.fail("compile: " + ("ran out of time" if rc is None else f"exit {rc}"))
+    run.row("compile", f"compile_check --targets {targets}",
+            f"{len(data.get('results', []))} (launch, target) pairs", status="ok" if ok
+            else "FAILED")
+
+
 def section_kernels(run: Run, timeout: float, tmp: Path) -> None:
     report = tmp / "kernels_gpu.json"
     cmd = python(ROOT / "benchmarks" / "kernels_gpu.py", "--json", report,
@@ -663,7 +690,7 @@ def orchestrate(args) -> int:
     print(f"gpu_check: {device}; pagedllm.reference from {where.parent}; budget "
           f"{run.budget:.0f} s", flush=True)
     models = [m for m in (args.models or ",".join(MODELS)).split(",") if m]
-    plan = []
+    plan = [("compile", WEIGHTS["compile"])]
     if not args.skip_tests:
         plan.append(("tests", WEIGHTS["tests"]))
     plan.append(("kernels", WEIGHTS["kernels"]))
@@ -675,7 +702,9 @@ def orchestrate(args) -> int:
         for i, (name, weight) in enumerate(plan):
             timeout = run.limit(weight, sum(w for _, w in plan[i:]))
             try:
-                if name == "tests":
+                if name == "compile":
+                    section_compile(run, timeout, tmp)
+                elif name == "tests":
                     section_tests(run, timeout)
                 elif name == "kernels":
                     section_kernels(run, timeout, tmp)

@@ -313,7 +313,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_query_len: int, max_
 # --8<-- [end:choose_num_splits]
 
 
-def _choose_tiles(max_query_len: int, group: int, head_pad: int):
+def _choose_tiles(max_query_len: int, group: int, head_pad: int, element_size: int = 2):
     """(BLOCK_M, TILE_N, num_warps, num_stages) for the batch's longest query.
 
     Decodes: the rows of one query's head group, at least 16 (the smallest matrix product).
@@ -321,11 +321,15 @@ def _choose_tiles(max_query_len: int, group: int, head_pad: int):
     the FlashAttention tutorial; in between, 64 rows. The interpreter runs whole tiles as numpy
     arrays, where fewer, larger tiles are faster, but the same sizes keep the paths it checks the
     ones the GPU runs.
+
+    fp32 inputs (``element_size`` 4) get at most 64 rows: their tiles take twice the shared
+    memory, and 128 rows of a 256-wide head need 209 KiB per program, over the 163 KiB an A100
+    allows (``python -m pagedllm.kernels.compile_check`` measures it); 64 rows need 136.5 KiB.
     """
     rows = max(16, triton.next_power_of_2(group))
     want = max_query_len * group
     if want > 64:
-        rows = max(rows, 128)
+        rows = max(rows, 64 if element_size >= 4 else 128)
     elif want > 16:
         rows = max(rows, 64)
     tile_n = 64 if head_pad <= 128 else 32
@@ -386,7 +390,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_tables = block_tables.contiguous()  # no-op when already contiguous
     seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
     head_pad = max(16, triton.next_power_of_2(head_dim))
-    rows, tile, num_warps, num_stages = _choose_tiles(max_query_len, group, head_pad)
+    rows, tile, num_warps, num_stages = _choose_tiles(max_query_len, group, head_pad,
+                                                      q.element_size())
     rows = block_m or rows
     tile = tile_n or tile
     if rows < 16 or rows & (rows - 1) or rows < group:

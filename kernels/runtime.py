@@ -8,6 +8,9 @@ Every launcher in this package starts with ``runner = kernel_runner(kernel, *ten
   without a GPU; it is slow, so keep its shapes small.
 - CPU tensors otherwise: ``None``, and the launcher calls its twin in ``reference/ops``.
 
+``launch_hook`` lets a caller see every launch made this way before it runs (the compile check
+in ``compile_check.py`` records them); without one, launches are not wrapped at all.
+
 Triton decides between compiling and interpreting when ``@triton.jit`` runs, that is when a kernel
 module is imported. Deciding here instead, at every launch, means the order in which tests import
 modules and set the environment variable does not matter.
@@ -59,6 +62,36 @@ def _interpretable_helpers(fn):
             namespace[attr] = value
 
 
+_hooks: list = []  # hook(kernel, grid, args, kwargs) for every launch while any is installed
+
+
+@contextmanager
+def launch_hook(hook):
+    """While the block runs, call ``hook(kernel, grid, args, kwargs)`` before every launch made
+    through ``kernel_runner`` (any thread; hooks must not launch kernels themselves)."""
+    _hooks.append(hook)
+    try:
+        yield hook
+    finally:
+        _hooks.remove(hook)
+
+
+class _HookedLaunch:
+    """``runner[grid](...)``, calling the installed hooks with the launch first."""
+
+    def __init__(self, kernel, runner):
+        self.kernel, self.runner = kernel, runner
+
+    def __getitem__(self, grid):
+        launch = self.runner[grid]
+
+        def hooked(*args, **kwargs):
+            for hook in list(_hooks):  # a copy: another thread may remove its hook meanwhile
+                hook(self.kernel, grid, args, kwargs)
+            return launch(*args, **kwargs)
+        return hooked
+
+
 class _InterpretedLaunch:
     """``runner[grid](...)`` for the interpreter, with the kernel's helpers interpretable."""
 
@@ -81,7 +114,9 @@ def kernel_runner(kernel, *tensors: torch.Tensor):
     if len(on_cuda) > 1:
         raise ValueError("a kernel's tensors must all be on CUDA or all on the CPU, got both")
     if on_cuda == {True} and not interpreting():
-        return kernel
-    if interpreting():
-        return _InterpretedLaunch(getattr(kernel, "fn", kernel))  # the plain Python function
-    return None
+        runner = kernel
+    elif interpreting():
+        runner = _InterpretedLaunch(getattr(kernel, "fn", kernel))  # the plain Python function
+    else:
+        return None
+    return _HookedLaunch(kernel, runner) if _hooks else runner

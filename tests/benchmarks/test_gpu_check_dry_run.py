@@ -28,7 +28,7 @@ def test_gpu_check_dry_run(tmp_path):
     rows = table[2:-2]
     assert all("FAILED" not in row for row in rows), out
     sections = {row.split()[0] for row in rows}
-    assert sections == {"tests", "kernels", "e2e", "decode"}, out
+    assert sections == {"compile", "tests", "kernels", "e2e", "decode"}, out
     for model in ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b"):
         assert any(row.split()[1] == f"{model}:" for row in rows), out
     for system in ("optimized engine", "reference engine", "transformers generate",
@@ -36,6 +36,7 @@ def test_gpu_check_dry_run(tmp_path):
         assert sum(system in row for row in rows) == 3, out
     data = json.loads(report.read_text())
     assert data["failures"] == [] and data["mode"] == "dry"
+    assert data["sections"]["compile"]["exit"] == 0 and data["sections"]["compile"]["summary"]
     llama = data["sections"]["e2e llama-3.2-1b"]["systems"]
     # Greedy on the same bfloat16 checkpoint: transformers' tokens are the optimized engine's.
     assert llama["hf_generate"]["agreement_with_optimized"]["identical"] == 6

@@ -63,7 +63,7 @@ def test_uniforms_match_the_twin_bit_for_bit(vocab):
 
 
 def test_uniforms_match_hard_coded_values(monkeypatch):
-    from tests.test_sampler import KNOWN, VOCAB
+    from tests.unit.test_sampler import KNOWN, VOCAB
 
     monkeypatch.setattr(kernel, "MAX_BLOCK", 4096)  # 50000 tokens in 13 tiles
     u = kernel.random_uniform(torch.tensor([key[0] for key, _ in KNOWN]),
