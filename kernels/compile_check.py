@@ -376,7 +376,7 @@ def _real_sampling_shapes():
     random_uniform(torch.tensor([1, 2]), torch.tensor([0, 7]), 300)
 
 
-MATRICES = ("full", "ci")
+MATRICES = ("full", "ci", "smoke")
 
 
 def record_cases(matrix: str = "full") -> list[Case]:
@@ -386,8 +386,12 @@ def record_cases(matrix: str = "full") -> list[Case]:
     them, then the launchers at real models' shapes. ci: the same paths in fewer launches, for
     a test that must finish in minutes (compiling is the slow part): each family in one dtype,
     each dtype in two families, the real shapes that bound shared memory and every constexpr
-    branch.
+    branch. smoke: one engine run, to walk the path (gpu_check's dry run); it proves nothing of
+    coverage.
     """
+    if matrix == "smoke":
+        return [Case("engine llama float32: mixed batch", "llama",
+                     lambda p: _mixed_batch(p, "float32"), 3.0)]
     if matrix == "full":
         runs = [(family, dtype) for family in FAMILIES for dtype in DTYPES]
     elif matrix == "ci":
