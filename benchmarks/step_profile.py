@@ -62,7 +62,7 @@ STEP = "engine step"  # the label around each profiled step
 def labeled(backend):
     """The backend with each op run inside a record_function named after it."""
     def wrap(name, fn):
-        @functools.wraps(fn)  # still the same op to whoever unwraps it (the model runner)
+        @functools.wraps(fn)  # a swapped-in op: the runner calls it as it is
         def op(*args, **kwargs):
             with record_function(name):
                 return fn(*args, **kwargs)
@@ -131,7 +131,7 @@ class StepTimer:
         self.inputs = None  # the last step's StepInputs
 
     def _timed(self, name: str, fn):
-        @functools.wraps(fn)  # still the same op to whoever unwraps it (the model runner)
+        @functools.wraps(fn)  # a swapped-in op: the runner calls it as it is
         def op(*args, **kwargs):
             start = time.perf_counter()
             try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pagedllm.reference.engine.config import EngineArgs as ReferenceEngineArgs
 from pagedllm.reference.engine.llm import LLM as ReferenceLLM
+from pagedllm.reference.engine.llm import signature_of
 from pagedllm.reference.ops import Backend
 
 from .backend import OPTIMIZED_BACKEND
@@ -30,4 +31,10 @@ class LLM(ReferenceLLM):
     """``pagedllm.reference.LLM`` on the optimized model runner: same options, same results."""
 
     def __init__(self, model, *args, **options):
-        super().__init__(EngineArgs(model, *args, **options))
+        if isinstance(model, ReferenceEngineArgs):  # a whole EngineArgs, as the reference's
+            super().__init__(model, *args, **options)
+        else:
+            super().__init__(EngineArgs(model, *args, **options))
+
+
+LLM.__init__.__signature__ = signature_of(EngineArgs)

@@ -78,16 +78,18 @@ class ModelRunner(ReferenceModelRunner):
         # --8<-- [end:buffers]
         self.attention = self._attention_context()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.use_graphs = self.device.type == "cuda" and not config.enforce_eager
+        # Graphs capture the kernel's launches; a swapped-in op may sync with the host.
+        self.use_graphs = self.attention is DeviceAttention and not config.enforce_eager
         self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= sc.max_num_seqs]
 
     # --8<-- [start:attention_context]
     def _attention_context(self) -> type[PagedAttention]:
         """Which attention context every step builds: decided here, once."""
-        if self.device.type == "cuda":
+        own_op = self.backend.paged_attention is triton_paged_attention
+        if self.device.type == "cuda" and own_op:
             return DeviceAttention  # the kernel, reading device-side lengths (graph-capturable)
-        if interpreting() or self.backend.paged_attention is not triton_paged_attention:
-            return PagedAttention  # the kernels under the interpreter, or a swapped-in op
+        if self.device.type == "cuda" or interpreting() or not own_op:
+            return PagedAttention  # a swapped-in op (host lengths), or the interpreted kernels
         return PlannedAttention  # the kernel cannot run here: the vectorized CPU path
     # --8<-- [end:attention_context]
 

@@ -48,9 +48,9 @@ def _deterministic():
 
 
 def failing_backend(op: str, after: int, backend=REFERENCE_BACKEND):
-    """The backend, except that op raises on its call number `after` (and only then). The
-    wrapper keeps the op's identity (functools.wraps), so an engine takes the same path with it
-    as with the op itself (the optimized tier's CPU attention plans, for one)."""
+    """The backend, except that op raises on its call number `after` (and only then). A runner
+    calls a swapped-in op as it is: on the CPU the optimized runner then attends through the
+    generic context, which calls this op, instead of its planned path."""
     calls = {"n": 0}
     original = getattr(backend, op)
 

@@ -93,9 +93,30 @@ class EngineConfig:
     enforce_eager: bool
     gpu_memory_utilization: float
 
+    # The scheduler's budgets, read where the engine's config is read (engine.config.X).
     @property
     def max_model_len(self) -> int:
         return self.scheduler_config.max_model_len
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler_config.max_num_seqs
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.scheduler_config.max_num_batched_tokens
+
+    @property
+    def preemption_mode(self) -> str:
+        return self.scheduler_config.preemption_mode
+
+    @property
+    def enable_chunked_prefill(self) -> bool:
+        return self.scheduler_config.enable_chunked_prefill
+
+    @property
+    def batching(self) -> str:
+        return self.scheduler_config.batching
 
 
 # --8<-- [start:create_engine_config]
@@ -111,9 +132,15 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise FieldTypeError("model_runner", f"model_runner must be a ModelRunner class, got "
                              f"{runner!r}")
     check_choice("kv_layout", args.kv_layout, KV_LAYOUTS)
-    check_choice("reservation_policy", args.reservation_policy, POLICIES)
-    check_choice("preemption_mode", args.preemption_mode, ("recompute", "swap"))
-    check_choice("batching", args.batching, ("continuous", "static"))
+    if args.reservation_policy not in POLICIES:
+        raise FieldValueError("reservation_policy", f"reservation policy "
+                              f"{args.reservation_policy!r} is unknown; choose one of {POLICIES}")
+    if args.preemption_mode not in ("recompute", "swap"):
+        raise FieldValueError("preemption_mode", f"preemption_mode {args.preemption_mode!r} is "
+                              "unknown; choose 'recompute' or 'swap'")
+    if args.batching not in ("continuous", "static"):
+        raise FieldValueError("batching", f"batching {args.batching!r} is unknown; choose "
+                              "'continuous' or 'static'")
     for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
         check_bool(name, getattr(args, name))
     _check_tier_options(args, runner)
@@ -140,8 +167,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
 
     # -- what the checkpoint decides ---------------------------------------------------------
     dtype_name = resolve_dtype(dtype_name, device, args.model)
-    model_dir = Path(resolve_model(args.model, dtype_name))  # a name or a GGUF -> a folder
-    cfg = load_config(model_dir)
+    # A name or a GGUF -> a folder (converted in dtype_name; a folder's own dtype is kept).
+    model_dir = resolve_model(args.model, None if dtype_name == "auto" else dtype_name)
+    cfg = load_config(model_dir)  # says what is wrong with a missing, empty or bad folder
+    model_dir = Path(model_dir)
     if dtype_name == "auto":
         dtype_name = auto_dtype(device, cfg.dtype)
     max_model_len = cfg.max_position_embeddings if args.max_model_len is None \

@@ -88,6 +88,10 @@ class LLMEngine:
         """The model the runner executes (the optimized runner's has merged projections)."""
         return self.runner.model
 
+    @property
+    def backend(self):
+        return self.runner.backend  # the step's ops
+
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | dict | list[int],
                     params: SamplingParams | BeamSearchParams) -> None:

@@ -1,7 +1,8 @@
 """LLM: the offline entry point, vLLM's shape. Load a checkpoint folder, size the KV pool, and
 generate for a list of prompts with continuous batching underneath."""
 
-from dataclasses import replace
+import inspect
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -124,3 +125,15 @@ def _prompt_list(prompts) -> list:
                         "of lists) so that one prompt is not read as many")
     return list(prompts)
 
+
+def signature_of(args_class) -> inspect.Signature:
+    """LLM's options as help() and editors show them: the fields of args_class, in order."""
+    return inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                             default=(inspect.Parameter.empty if f.default is MISSING
+                                      else f.default), annotation=f.type)
+           for f in fields(args_class)])
+
+
+LLM.__init__.__signature__ = signature_of(EngineArgs)

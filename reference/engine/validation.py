@@ -17,6 +17,9 @@ class FieldValueError(ValueError):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self):  # pickled and copied with its field (a worker's error crosses)
+        return type(self), (self.field, str(self))
+
 
 class FieldTypeError(TypeError):
     """A value of the wrong type; ``field`` as in FieldValueError."""
@@ -24,6 +27,9 @@ class FieldTypeError(TypeError):
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
+
+    def __reduce__(self):
+        return type(self), (self.field, str(self))
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None,

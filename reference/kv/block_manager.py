@@ -328,6 +328,11 @@ class BlockSpaceManager:
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._lookup(seq_id).blocks)
 
+    def block_ids(self, seq_id: int) -> list[int]:
+        """The sequence's blocks, not copied (the step's inputs read them every step): do not
+        modify."""
+        return self._lookup(seq_id).blocks
+
     def num_tokens(self, seq_id: int) -> int:
         return self._lookup(seq_id).num_tokens
 

@@ -150,11 +150,12 @@ class PagedKVCacheManager:
 
     # -- for the step's inputs ----------------------------------------------------------------
     def block_table(self, seq) -> list[int]:
-        return self.manager.block_table(seq.seq_id)
+        """The sequence's blocks in order (read-only: the live table, not a copy)."""
+        return self.manager.block_ids(seq.seq_id)
 
     def slot_mapping(self, seq, start: int, end: int) -> list[int]:
         """Slots of the sequence's positions [start, end)."""
-        blocks, bs = self.manager.block_table(seq.seq_id), self.block_size
+        blocks, bs = self.manager.block_ids(seq.seq_id), self.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
     @property

@@ -82,3 +82,33 @@ def test_swap_space_in_gib_becomes_blocks(checkpoints):
     with pytest.raises(FieldValueError, match="not both"):
         reference.EngineArgs(checkpoints["llama"], swap_space=1,
                              swap_space_blocks=4).create_engine_config()
+
+
+def test_the_llm_signature_lists_every_option_with_the_tiers_defaults():
+    """help(LLM) and editors see EngineArgs' fields; each tier's own default ops."""
+    import inspect
+
+    for tier in (reference, optimized):
+        params = inspect.signature(tier.LLM).parameters
+        assert list(params)[:4] == ["model", "dtype", "device", "block_size"]
+        assert params["backend"].default is tier.EngineArgs("any").backend
+    assert optimized.EngineArgs("any").backend is optimized.OPTIMIZED_BACKEND
+
+
+def test_an_empty_model_name_is_refused_not_read_as_this_folder():
+    with pytest.raises(ValueError, match="empty"):
+        reference.LLM("")
+
+
+def test_field_errors_survive_pickling():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(FieldValueError("top_p", "top_p must be in (0, 1]")))
+    assert err.field == "top_p" and str(err) == "top_p must be in (0, 1]"
+    assert pickle.loads(pickle.dumps(FieldTypeError("n", "n must be an integer"))).field == "n"
+
+
+def test_either_tier_takes_a_whole_engine_args(checkpoints):
+    llm = optimized.LLM(optimized.EngineArgs(checkpoints["llama"], block_size=4))
+    assert type(llm.engine.runner) is optimized.ModelRunner and llm.engine.config.block_size == 4
+    assert llm.engine.config.max_num_seqs == 256  # the scheduler's budgets, read on the config
