@@ -17,8 +17,9 @@ padding must not have written a single slot of the KV cache.
 import pytest
 import torch
 
+from pagedllm import optimized
 from pagedllm.optimized import OPTIMIZED_BACKEND
-from pagedllm.optimized.model_runner import GRAPH_BATCH_SIZES, ModelRunner
+from pagedllm.optimized.model_runner import GRAPH_BATCH_SIZES
 from pagedllm.reference import load_model
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
@@ -44,6 +45,20 @@ def use(impl, function: str):
     return impl.use(function, *PROBES[function])
 
 
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return write_random_checkpoint(tmp_path_factory.mktemp("graph-padding") / "llama",
+                                   tiny_config("llama"), seed=0)
+
+
+def runner_of(path, max_num_seqs: int, max_num_batched_tokens: int):
+    """The optimized tier's model runner, as its engine builds it."""
+    return optimized.LLM(path, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, max_model_len=64,
+                         block_size=BLOCK_SIZE, num_gpu_blocks=NUM_BLOCKS,
+                         enable_chunked_prefill=True).engine.runner
+
+
 def metadata(step: dict) -> AttentionMetadata:
     seq_lens = torch.tensor(step["seq_lens"], dtype=torch.int32)
     starts = torch.tensor(step.get("query_start_loc", range(len(seq_lens) + 1)),
@@ -65,12 +80,10 @@ def test_graph_size_examples(impl):
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 6, 24, 256])
-def test_graph_size_is_the_runners(impl, max_num_seqs):
+def test_graph_size_is_the_runners(impl, tiny_llama, max_num_seqs):
     """The model runner's captured sizes and its choice, for every batch it may see."""
     graph_size = use(impl, "graph_size")
-    runner = ModelRunner(torch.nn.Linear(1, 1), [], [], REFERENCE_BACKEND,
-                         max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
-                         max_model_len=64, block_size=BLOCK_SIZE)
+    runner = runner_of(tiny_llama, max_num_seqs, 256)
     assert runner.graph_sizes == [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
     for batch in range(1, max_num_seqs + 1):
         if batch <= max(runner.graph_sizes):  # ModelRunner.execute: replay a graph
@@ -93,12 +106,11 @@ def test_pad_decode_step_example(impl):
 
 
 @pytest.mark.parametrize("size", [3, 4, 8, 16])
-def test_pad_decode_step_is_the_runners(impl, size):
+def test_pad_decode_step_is_the_runners(impl, tiny_llama, size):
     """Your padding equals what ModelRunner._load writes into its persistent buffers."""
     pad = use(impl, "pad_decode_step")
     padded = pad(*(STEP[k] for k in KEYS), size)
-    runner = ModelRunner(torch.nn.Linear(1, 1), [], [], REFERENCE_BACKEND, max_num_seqs=16,
-                         max_num_batched_tokens=64, max_model_len=64, block_size=BLOCK_SIZE)
+    runner = runner_of(tiny_llama, 16, 64)
     for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc"):
         getattr(runner, name).fill_(99)  # stale values from an earlier step
     runner.block_tables.fill_(99)
