@@ -11,6 +11,11 @@
     TFLOP/s, counting 4 * heads * head_dim * L^2 / 2 per prompt for both, against SDPA's
     FlashAttention backend (``sdpa_kernel(SDPBackend.FLASH_ATTENTION)``, K/V repeated to the
     query heads outside the timing). Goal: >= 80 % of flash at 4096.
+(d) Decode attention over a quantized KV cache (``kv_cache_dtype`` fp8_e4m3, fp8_e5m2, int8,
+    int4 against auto = bf16), contexts 4096 and 32768: the kernel reads fewer bytes per key and
+    dequantizes each tile in registers. The number is "bf16-equivalent" bandwidth, the bytes a
+    bf16 cache of the same context holds over the median time, so the ratio to auto's row is the
+    speed-up (long contexts are bound by reading the cache and should gain most).
 (c) The fused small ops (``pagedllm.kernels``: rms_norm with residual, rotary, silu_and_mul,
     store_kv) against their torch twins (``pagedllm.reference.ops``), in GB/s of the bytes each
     must read and write. Imported lazily: a kernel not written yet shows as "not built".
@@ -134,6 +139,51 @@ def bench_decode(bench: Bench, sizes: dict, rows: list):
         bench.guarded(f"decode context {context}", run)
 
 
+# -- (d) decode over a quantized cache ----------------------------------------------------------
+def bench_kv_dtypes(bench: Bench, sizes: dict, rows: list):
+    from pagedllm.kernels.paged_attention import paged_attention
+    from pagedllm.reference.ops import kv_cache_format, store_kv
+    dev, dtype = bench.device, sizes["dtype"]
+    heads, kv_heads, head_dim, block = (sizes["heads"], sizes["kv_heads"], sizes["head_dim"],
+                                        sizes["block"])
+    el = torch.finfo(dtype).bits // 8
+    gen = torch.Generator(device=dev).manual_seed(1)
+    scale = head_dim ** -0.5
+    for context, batch in sizes["quant_contexts"]:
+        def run(context=context, batch=batch):
+            _, _, k_cache, v_cache, tables = paged_cache(batch, context, heads, kv_heads,
+                                                         head_dim, block, dtype, dev, gen)
+            q = torch.randn(batch, heads, head_dim, generator=gen, device=dev).to(dtype)
+            seq_lens = torch.full((batch,), context, dtype=torch.int32)
+            starts = torch.arange(batch + 1, dtype=torch.int32)
+            moved = 2 * batch * context * kv_heads * head_dim * el  # what a bf16 cache holds
+            slots = torch.arange(k_cache.shape[0] * block, device=dev)
+            auto_ms = None
+            for name in ("auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4"):
+                fmt = kv_cache_format(name)
+                if fmt.scales == "none":
+                    caches, quant = (k_cache, v_cache), ("auto", None, None)
+                else:
+                    shape = (*k_cache.shape[:3], fmt.storage_head_dim(head_dim))
+                    caches = tuple(torch.empty(shape, dtype=fmt.storage_dtype, device=dev)
+                                   for _ in range(2))
+                    if fmt.scales == "per_tensor":
+                        scales = (torch.full((1,), 0.05, device=dev),) * 2
+                    else:
+                        scales = tuple(torch.empty(k_cache.shape[:3], dtype=fmt.scale_dtype,
+                                                   device=dev) for _ in range(2))
+                    flat = [c.view(-1, kv_heads, head_dim) for c in (k_cache, v_cache)]
+                    store_kv(*flat, *caches, slots, name, *scales)  # the twin quantizes
+                    quant = (name, *scales)
+                ms = bench.time_ms(lambda caches=caches, quant=quant: paged_attention(
+                    q, *caches, tables, seq_lens, starts, scale, None, *quant))
+                auto_ms = ms if name == "auto" else auto_ms
+                rows.append(dict(section="kv dtype", case=f"ctx {context} {name}",
+                                 ours=moved / ms / 1e6, baseline=moved / auto_ms / 1e6,
+                                 unit="GB/s", goal=None, ms=ms))
+        bench.guarded(f"kv dtypes context {context}", run)
+
+
 # -- (b) prefill -----------------------------------------------------------------------------------
 def bench_prefill(bench: Bench, sizes: dict, rows: list):
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -249,13 +299,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny sizes on the CPU, kernels interpreted, no timing")
-    parser.add_argument("--sections", default="abc", help="which of a, b, c to run")
+    parser.add_argument("--sections", default="abcd", help="which of a, b, c, d to run")
     args = parser.parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # read by kernels/runtime.py at every launch
         sizes = dict(dtype=torch.float32, heads=4, kv_heads=2, head_dim=32, block=8,
                      decode_batch=2, contexts=(21, 40), copy_bytes=1 << 16, prompts=(13, 32),
-                     prefill_tokens=32, tokens=8, hidden=64, intermediate=64)
+                     prefill_tokens=32, tokens=8, hidden=64, intermediate=64,
+                     quant_contexts=((21, 2), (40, 1)))
     else:
         if not torch.cuda.is_available():
             print("needs a CUDA GPU (or --dry-run)", file=sys.stderr)
@@ -263,7 +314,8 @@ def main(argv=None) -> int:
         sizes = dict(dtype=torch.bfloat16, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
                      block=BLOCK, decode_batch=DECODE_BATCH, contexts=CONTEXTS,
                      copy_bytes=1 << 30, prompts=CONTEXTS, prefill_tokens=PREFILL_TOKENS,
-                     tokens=8192, hidden=4096, intermediate=14336)
+                     tokens=8192, hidden=4096, intermediate=14336,
+                     quant_contexts=((4096, DECODE_BATCH), (32768, 16)))
     bench = Bench(args.dry_run)
     rows: list = []
     with torch.inference_mode():
@@ -273,6 +325,8 @@ def main(argv=None) -> int:
             bench.guarded("prefill", lambda: bench_prefill(bench, sizes, rows))
         if "c" in args.sections:
             bench.guarded("small ops", lambda: bench_small_ops(bench, sizes, rows))
+        if "d" in args.sections:
+            bench.guarded("kv dtypes", lambda: bench_kv_dtypes(bench, sizes, rows))
     device = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name()
     print(f"# kernels on {device}; torch {torch.__version__}; medians of triton do_bench")
     print_table(rows)

@@ -44,6 +44,7 @@ here, its cache is sized explicitly (num_blocks, max_batch_tokens).
 """
 
 import argparse
+import functools
 import os
 import platform
 import sys
@@ -198,29 +199,43 @@ def torch_threads(threads: int):
 
 
 # -- the race ---------------------------------------------------------------------------------
-def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS) -> dict:
+def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
+         kv_cache_dtypes=("auto",)) -> dict:
     """Every system in `only` on the same workload, batch size and KV room, one after the
-    other; each warmed up first on two short requests."""
+    other; each warmed up first on two short requests. Our systems run once per kv_cache_dtype
+    (the same token slots, stored in fewer bytes): "optimized@int8" and so on."""
     warm = [(ids[:8], 4) for ids, _ in work[:2]]
     common = dict(batch=batch, max_len=max_len, warm=warm, reservation_policy="max")
     # Continuous batching schedules as vLLM V1 does (and transformers' continuous batching):
     # prompts ride in the same steps as the running decodes (chunked prefill), so admitting a
     # request costs no step of its own in which every running sequence waits.
     continuous = dict(kv_layout="paged", batching="continuous", enable_chunked_prefill=True)
+    our_systems = {
+        "optimized": (OptimizedLLM, continuous),
+        "paged_continuous": (LLM, continuous),
+        "contiguous_static": (LLM, dict(kv_layout="contiguous", batching="static")),
+    }
     runs = {
-        "optimized": lambda: ours(work, OptimizedLLM, ckpt, **common, **continuous),
-        "paged_continuous": lambda: ours(work, LLM, ckpt, **common, **continuous),
-        "contiguous_static": lambda: ours(work, LLM, ckpt, **common, kv_layout="contiguous",
-                                          batching="static"),
         "hf_generate": lambda: hf_generate(work, ckpt, batch=batch, warm=warm),
         "hf_generate_batch": lambda: hf_generate_batch(work, ckpt, batch=batch,
                                                        max_len=max_len, warm=warm,
                                                        page_size=BLOCK_SIZE),
     }
+    names = []
+    for name in only:
+        if name not in our_systems:
+            names.append(name)
+            continue
+        for dtype in kv_cache_dtypes:
+            key = name if dtype == "auto" else f"{name}@{dtype}"
+            llm_class, options = our_systems[name]
+            runs[key] = functools.partial(ours, work, llm_class, ckpt, **common, **options,
+                                          kv_cache_dtype=dtype)
+            names.append(key)
     total = sum(n for _, n in work)
     results, first_tokens = {}, None
-    for name in only:
-        print(f"  running {LABELS[name]} ...", flush=True)
+    for name in names:
+        print(f"  running {label_of(name)} ...", flush=True)
         res, tokens = attempt(runs[name], work)
         results[name] = res
         if not res["ok"]:  # a system that cannot run here is reported, the others still run
@@ -239,6 +254,11 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS) -> dict:
             res["ratio_to_hf_generate"] = res["tokens_per_s"] / base["tokens_per_s"]
             res["cpu_ratio_to_hf_generate"] = res["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
     return results
+
+
+def label_of(name: str) -> str:
+    system, _, dtype = name.partition("@")
+    return LABELS[system] + (f" [kv {dtype}]" if dtype else "")
 
 
 def matmul_flops(hidden: int, seconds: float = 1.0) -> float:
@@ -262,7 +282,7 @@ def add_compute_floor(results: dict, params: int, flops: float) -> None:
 
 
 def print_table(results: dict) -> None:
-    print(f"\n{'system':42}{'tokens':>8}{'wall s':>8}{'tok/s':>8}{'x gen':>7}"
+    print(f"\n{'system':50}{'tokens':>8}{'wall s':>8}{'tok/s':>8}{'x gen':>7}"
           f"{'CPU s':>8}{'tok/CPU-s':>10}{'x gen':>7}{'floor':>7}")
 
     def times(value):
@@ -270,9 +290,9 @@ def print_table(results: dict) -> None:
 
     for name, res in results.items():
         if not res.get("ok"):
-            print(f"{LABELS[name]:42}{'n/a':>8}  ({res['error'][:120]})")
+            print(f"{label_of(name):50}{'n/a':>8}  ({res['error'][:120]})")
             continue
-        print(f"{LABELS[name]:42}{res['output_tokens']:8d}{res['seconds']:8.1f}"
+        print(f"{label_of(name):50}{res['output_tokens']:8d}{res['seconds']:8.1f}"
               f"{res['tokens_per_s']:8.1f}{times(res.get('ratio_to_hf_generate')):>7}"
               f"{res['cpu_seconds']:8.1f}{res['tokens_per_cpu_s']:10.1f}"
               f"{times(res.get('cpu_ratio_to_hf_generate')):>7}"
@@ -295,6 +315,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="torch threads for every system (default 1; 0: torch's default)")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="comma-separated kv_cache_dtypes our systems run with, each a row "
+                        "(auto, fp8, fp8_e5m2, int8, int4): what each costs or saves")
     args = parser.parse_args(argv)
     size = "model" if args.model else "quick" if args.quick else "full"
     only = [s for s in args.systems.split(",") if s]
@@ -307,7 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
         ckpt, work, config = prepare(Path(tmp), size, args.model)
         config["transformers"] = transformers.__version__
         systems = race(ckpt, work, config["batch_size"], config["workload"]["max_model_len"],
-                       only)
+                       only, [d for d in args.kv_cache_dtype.split(",") if d])
         config["matmul_flops"] = matmul_flops(config["model"]["hidden_size"])
         add_compute_floor(systems, config["model"]["parameters"], config["matmul_flops"])
         print_table(systems)

@@ -13,18 +13,27 @@ any target. This module does that for every launch the engine makes, and reads t
 
 Phase 1: record
 ---------------
-Every launcher goes through ``kernel_runner`` (``runtime.py``), and ``runtime.launch_hook``
-lets us see each launch before it runs. The record phase runs the engine (the optimized tier,
+Every launcher goes through ``kernel_runner`` (``runtime.py``), and ``runtime.launch_hook`` lets us
+see each launch before it runs. The record phase runs the engine (the optimized tier,
 ``pagedllm.optimized.LLM``) under the interpreter over a matrix meant to reach every kernel path:
-every model family in fp32, bf16 and fp16, prompts and decodes batched together, chunked
-prefill, prefix-cache hits, copy-on-write (n > 1 and beam search), a sliding window, every
-sampling option (greedy, top-k, top-p, seeds, logprobs, tokens blocked by min_tokens), a head
-size that is not a power of two. Then it calls the launchers directly at shapes of real models
-that the tiny checkpoints do not have: heads 64 to 256 wide, flash-decoding's split forced on
-(``num_splits=``) and chosen by the launcher for a 530-token context, wide rows and
-vocabularies. Those calls matter twice: interpreting a 530-token prefill through the engine
-would take minutes, and on a GPU the engine hands paged attention device-side lengths, so its
-launcher picks tiles and splits from bounds rather than from the exact maxima it sees here.
+every model family in fp32, bf16 and fp16, prompts and decodes batched together, chunked prefill,
+prefix-cache hits, copy-on-write (n > 1 and beam search), a sliding window, every sampling option
+(greedy, top-k, top-p, seeds, logprobs, tokens blocked by min_tokens), a head size that is not a
+power of two, and every quantized ``kv_cache_dtype`` (fp8 e4m3 and e5m2, int8, int4: store_kv's
+quantizing and attention's dequantizing paths). Then it calls the launchers directly at shapes of
+real models that the tiny checkpoints do not have: heads 64 to 256 wide, flash-decoding's split
+forced on (``num_splits=``) and chosen by the launcher for a 530-token context, wide rows and
+vocabularies. Those calls matter twice: interpreting a 530-token prefill through the engine would
+take minutes, and on a GPU the engine hands paged attention device-side lengths, so its launcher
+picks tiles and splits from bounds rather than from the exact maxima it sees here.
+Quantized caches get one engine run per format (chunked prefill, so prefills, chunks and
+decodes) and direct calls at real shapes for flash-decoding's split path: one configuration
+each in the ``ci`` matrix, not the product of formats and everything else.
+
+fp8 reaches the compiler as bytes: the launchers pass fp8 caches as uint8 and the kernels
+convert by integer arithmetic, so no launch has an fp8 pointer type, and an sm_80 target (whose
+Triton has no ``fp8e4nv`` type at all: ``type fp8e4nv not supported in this architecture``)
+compiles the e4m3 launches like any other.
 
 A launch is recorded as the compiler will see it: Triton's own binder (the code
 ``JITFunction.run`` calls) turns the arguments into a signature (``*bf16`` for a bf16 tensor,
@@ -69,9 +78,10 @@ resident programs hide more memory latency.
     python -m pagedllm.kernels.compile_check --json report.json  # and write everything
     python -m pagedllm.kernels.compile_check --matrix ci --targets 80,90   # what CI runs
 
-On two cores the full matrix took 12 minutes (2.5 interpreting, the rest compiling 339
-kernels for three targets; fp32 attention, unrolled into plain multiply-adds, compiles slowest);
-the ``ci`` matrix for two targets 2 to 3 minutes, 1 once Triton's cache holds the kernels.
+On two cores the full matrix took 12 minutes before quantized caches (2.5 interpreting, the rest
+compiling 339 kernels for three targets; fp32 attention, unrolled into plain multiply-adds,
+compiles slowest), which add about 110 launches to it; the ``ci`` matrix (94 launches, 21 of
+them quantized) for two targets 3 to 5 minutes, under 3 once Triton's cache holds the kernels.
 """
 
 import argparse
@@ -244,12 +254,12 @@ def _mixed_batch(path, dtype):
            stop_token_ids=[7, 9], max_tokens=2)], use_tqdm=False)
 
 
-def _chunks_and_prefix_hits(path, dtype):
+def _chunks_and_prefix_hits(path, dtype, kv_cache_dtype="auto"):
     """Chunked prefill (8-token chunks) with prefix caching: the second round hits the cache
     and computes only the prompts' uncached tails."""
     from pagedllm.optimized import SamplingParams as P
     llm = _llm(path, dtype, enable_chunked_prefill=True, max_num_batched_tokens=8,
-               enable_prefix_caching=True)
+               enable_prefix_caching=True, kv_cache_dtype=kv_cache_dtype)
     shared = list(range(3, 13))  # a full block of 8 shared, then each prompt's own tail
     prompts = [{"prompt_token_ids": shared + [30, 31]}, {"prompt_token_ids": shared + [40]}]
     for _ in range(2):
@@ -272,17 +282,35 @@ def _direct(fn):
     return run
 
 
-def _attention(dtype, head_dim, heads, kv_heads, seqs, window=None, **kwargs):
+def _attention(dtype, head_dim, heads, kv_heads, seqs, window=None, kv_cache_dtype="auto",
+               **kwargs):
     """paged_attention over random sequences [(q_len, seq_len)] in a paged cache of 16-token
-    blocks (the launcher's keywords, ``num_splits`` and ``block_m``, passed through)."""
+    blocks (the launcher's keywords, ``num_splits`` and ``block_m``, passed through). A
+    quantized kv_cache_dtype fills the cache through store_kv, whose launch is recorded too."""
     import torch
 
     from pagedllm.kernels.paged_attention import paged_attention
+    from pagedllm.kernels.store_kv import store_kv
+    from pagedllm.reference.ops import kv_cache_format
     block = 16
     tables = [-(-seq_len // block) for _, seq_len in seqs]
     num_blocks = sum(tables) + 1
-    k = torch.randn(num_blocks, block, kv_heads, head_dim).to(dtype)
-    v = torch.randn(num_blocks, block, kv_heads, head_dim).to(dtype)
+    fmt = kv_cache_format(kv_cache_dtype)
+    quant = ()
+    if fmt.scales == "none":
+        k = torch.randn(num_blocks, block, kv_heads, head_dim).to(dtype)
+        v = torch.randn(num_blocks, block, kv_heads, head_dim).to(dtype)
+    else:  # random bytes and scales (quantizing the whole pool would interpret for minutes)
+        shape = (num_blocks, block, kv_heads, fmt.storage_head_dim(head_dim))
+        k, v = (torch.randint(0, 120, shape, dtype=torch.uint8).view(fmt.storage_dtype)
+                for _ in range(2))  # below 120: no fp8 NaN or inf
+        if fmt.scales == "per_tensor":
+            scales = torch.tensor([0.02]), torch.tensor([0.03])
+        else:
+            scales = tuple((torch.rand(shape[:3]) / 50).to(torch.bfloat16) for _ in range(2))
+        rows = torch.randn(2, 3, kv_heads, head_dim).to(dtype)  # store_kv's launch at this shape
+        store_kv(rows[0], rows[1], k, v, torch.tensor([0, -1, 17]), kv_cache_dtype, *scales)
+        quant = (kv_cache_dtype, *scales)
     perm = torch.randperm(num_blocks).to(torch.int32)
     block_tables = torch.zeros(len(seqs), max(tables), dtype=torch.int32)
     used = 0
@@ -292,7 +320,8 @@ def _attention(dtype, head_dim, heads, kv_heads, seqs, window=None, **kwargs):
     starts = [0, *itertools.accumulate(q for q, _ in seqs)]
     q = torch.randn(starts[-1], heads, head_dim).to(dtype)
     paged_attention(q, k, v, block_tables, torch.tensor([s for _, s in seqs], dtype=torch.int32),
-                    torch.tensor(starts, dtype=torch.int32), head_dim ** -0.5, window, **kwargs)
+                    torch.tensor(starts, dtype=torch.int32), head_dim ** -0.5, window, *quant,
+                    **kwargs)
 
 
 def _real_attention_shapes(full: bool):
@@ -330,6 +359,33 @@ def _real_attention_shapes(full: bool):
     _attention(bf16, 256, 4, 2, decodes)
 
 
+def _quantized_attention_shapes(full: bool):
+    """Paged attention over quantized caches at real shapes (and store_kv filling them):
+    flash-decoding's split path for every format, the 128-row prefill tiles, heads that are not
+    a power of two (int4's halves of 40 pad to 64). full: the shapes that bound shared memory
+    and the rest of the product of formats and model dtypes."""
+    import torch
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    prefill, decodes = [(40, 40)], [(1, 70), (1, 33)]
+    _attention(bf16, 128, 8, 2, decodes, kv_cache_dtype="fp8_e4m3", num_splits=3)
+    _attention(fp16, 80, 4, 2, decodes, kv_cache_dtype="fp8_e5m2", num_splits=2)
+    _attention(fp16, 64, 4, 4, decodes, kv_cache_dtype="int8", num_splits=2)  # MHA
+    _attention(bf16, 128, 8, 2, decodes, kv_cache_dtype="int4", num_splits=3)
+    _attention(bf16, 80, 8, 2, prefill + decodes, kv_cache_dtype="int4")
+    if not full:
+        return
+    for kv in ("fp8_e4m3", "fp8_e5m2", "int8", "int4"):
+        for dtype in (bf16, fp16, fp32):
+            _attention(dtype, 128, 8, 2, prefill, kv_cache_dtype=kv)
+            _attention(dtype, 128, 8, 2, decodes, kv_cache_dtype=kv)
+        _attention(bf16, 256, 4, 2, prefill, kv_cache_dtype=kv)
+        if kv in ("int8", "int4"):  # fp32's 256-wide prefill, a byte and half a byte a value
+            _attention(fp32, 256, 4, 2, prefill, kv_cache_dtype=kv)  # (90 s a compile)
+        _attention(bf16, 128, 8, 2, prefill + decodes, window=24, kv_cache_dtype=kv)
+        _attention(fp16, 64, 4, 4, decodes, kv_cache_dtype=kv, num_splits=16)
+        _attention(bf16, 80, 4, 2, decodes, kv_cache_dtype=kv, num_splits=2)
+
+
 def _real_small_op_shapes():
     import torch
 
@@ -360,6 +416,19 @@ def _real_small_op_shapes():
         ks = [torch.randn(4, 16, 8, 128).to(dtypes[0]) for _ in range(2)]
         vs = [torch.randn(4, 16, 8, 128).to(dtypes[1]) for _ in range(2)]
         copy_blocks(ks, vs, torch.tensor([[0, 2], [1, 3]]))
+    # ... and over quantized pools, as the engine copies them: the values (fp8, int8, int4's
+    # bytes), then the per-token-head scales
+    from pagedllm.reference.ops import kv_cache_format
+    for kv_cache_dtype in ("fp8_e4m3", "fp8_e5m2", "int8", "int4"):
+        fmt = kv_cache_format(kv_cache_dtype)
+        shape = (4, 16, 8, fmt.storage_head_dim(128))
+        values = [[torch.zeros(shape, dtype=torch.uint8).view(fmt.storage_dtype)
+                   for _ in range(2)] for _ in range(2)]
+        copy_blocks(*values, torch.tensor([[0, 2], [1, 3]]))
+        if fmt.scales == "per_token_head":
+            scales = [[torch.ones(shape[:3], dtype=torch.bfloat16) for _ in range(2)]
+                      for _ in range(2)]
+            copy_blocks(*scales, torch.tensor([[0, 2], [1, 3]]))
 
 
 def _real_sampling_shapes():
@@ -377,16 +446,21 @@ def _real_sampling_shapes():
 
 
 MATRICES = ("full", "ci", "smoke")
+# A quantized KV cache per format through the engine's chunked prefill (prefills, chunks,
+# prefix-cache hits and decodes), each with another family and model dtype.
+QUANTIZED_RUNS = (("fp8_e4m3", "llama3", "bfloat16"), ("fp8_e5m2", "mistral", "float16"),
+                  ("int8", "qwen2", "float32"), ("int4", "qwen3", "bfloat16"))
 
 
 def record_cases(matrix: str = "full") -> list[Case]:
     """The matrix (the weights are rough seconds, to balance the record processes).
 
     full: every family in every dtype through the engine, the engine's other paths on a few of
-    them, then the launchers at real models' shapes. ci: the same paths in fewer launches, for
-    a test that must finish in minutes (compiling is the slow part): each family in one dtype,
-    each dtype in two families, the real shapes that bound shared memory and every constexpr
-    branch. smoke: one engine run, to walk the path (gpu_check's dry run); it proves nothing of
+    them, each quantized kv_cache_dtype in every dtype, then the launchers at real models'
+    shapes. ci: the same paths in fewer launches, for a test that must finish in minutes
+    (compiling is the slow part): each family in one dtype, each dtype in two families, each
+    kv_cache_dtype once, the real shapes that bound shared memory and every constexpr branch.
+    smoke: one engine run, to walk the path (gpu_check's dry run); it proves nothing of
     coverage.
     """
     if matrix == "smoke":
@@ -411,9 +485,16 @@ def record_cases(matrix: str = "full") -> list[Case]:
              lambda p: _mixed_batch(p, "float16"), 3.0),
         Case("direct: paged attention at real head sizes", None,
              _direct(lambda: _real_attention_shapes(full)), 14.0 if full else 6.0),
+        Case("direct: paged attention over quantized caches", None,
+             _direct(lambda: _quantized_attention_shapes(full)), 30.0 if full else 4.0),
         Case("direct: small ops at real widths", None, _direct(_real_small_op_shapes), 2.0),
         Case("direct: sampling at real vocabularies", None, _direct(_real_sampling_shapes), 1.0),
     ]
+    quantized = ([(kv, family, dtype) for kv, family, _ in QUANTIZED_RUNS for dtype in DTYPES]
+                 if full else QUANTIZED_RUNS)
+    cases += [Case(f"engine {family} {dtype} kv_cache_dtype {kv}: chunked prefill, prefix-cache "
+                   f"hits", family, lambda p, d=dtype, kv=kv: _chunks_and_prefix_hits(p, d, kv),
+                   5.0) for kv, family, dtype in quantized]
     return cases
 
 
@@ -677,7 +758,8 @@ def format_summary(rows: list[dict]) -> str:
 
 
 _SHAPE_KEYS = ("HEAD_DIM", "GROUP", "BLOCK_M", "TILE_N", "NUM_SPLITS", "SLIDING", "BLOCK",
-               "BLOCK_D", "BLOCK_H", "BLOCK_HALF", "CHUNK", "USE_TABLE", "HAS_RESIDUAL")
+               "BLOCK_D", "BLOCK_H", "BLOCK_HALF", "CHUNK", "USE_TABLE", "HAS_RESIDUAL",
+               "KV_FORMAT")
 
 
 def _dtype(launch: dict) -> str:
@@ -689,7 +771,7 @@ def _dtype(launch: dict) -> str:
 def _shape(constexprs: dict) -> str:
     """The constexprs that shape a program, a flag by its name when on (off: left out)."""
     return " ".join(k if v is True else f"{k}={v}" for k, v in constexprs.items()
-                    if k in _SHAPE_KEYS and v is not False)
+                    if k in _SHAPE_KEYS and v is not False and v != "auto")
 
 
 def format_launches(results: list[dict], kernel: str) -> str:

@@ -94,6 +94,10 @@ def copy_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
     if runner is None:
         return copy_blocks_reference(k_caches, v_caches, block_mapping)
     caches = [*k_caches, *v_caches]
+    # A byte copy needs no fp8 type, and Triton cannot even load e4m3 on sm_80: fp8 pools move
+    # as their bytes (uint8).
+    caches = [c.view(torch.uint8) if c.is_floating_point() and c.element_size() == 1 else c
+              for c in caches]
     if block_mapping.numel() == 0 or not caches:
         return None
     if not all(c.is_contiguous() for c in caches):

@@ -78,6 +78,35 @@ contexts, not worth it for short ones or when the batch already fills the GPU. T
 four programs per SM; never give a split fewer than 256 keys of the longest context; at most 16
 splits. Tests force either path with ``num_splits=``.
 
+Reading a quantized cache
+-------------------------
+With a quantized ``kv_cache_dtype`` (``reference/ops/kv_quant.py``) the pool holds fp8 bytes,
+int8 values, or two int4 values per byte, and the kernel dequantizes each tile in registers,
+right after loading it: never a dequantized copy of the cache, so attention reads a half (fp8,
+int8) or a quarter (int4) of a bf16 pool's bytes. What keeps it cheap is where the scales go.
+
+- int8 and int4 keep one scale per token and KV head, that is one per *key column* of a tile:
+  k_j = s_j * k_int_j, so ``q . k_j = s_j * (q . k_int_j)``. The tile of small integers goes into
+  the matrix product as it is (converted to q's dtype, which holds them exactly), and the
+  product's [BLOCK_M, TILE_N] scores are multiplied column by column by the scales of the
+  tile's keys. V the same way, from the other side: ``sum_j p_j (s_j v_int_j) = sum_j (p_j s_j)
+  v_int_j``, so the probabilities are scaled before the P.V product (the softmax's sum l is
+  still that of the unscaled p).
+- int4 stores element d of a row in the low nibble of byte d and element d + head_dim / 2 in
+  the high nibble. One load of the [head_dim / 2, TILE_N] bytes gives two tiles, ``(b & 15) -
+  8`` and ``(b >> 4) - 8``: the first and second halves of the keys. q is loaded as two halves
+  too, and q . k is the sum of two half-width products; for V, the two halves of the output
+  are accumulated apart (acc_lo, acc_hi) and stored side by side.
+- fp8 keeps one scale per layer for K and one for V: k_scale joins the softmax scale, v_scale
+  multiplies the output once. The tile is read as bytes and widened by bit arithmetic: an fp8
+  number is the top of an fp16 one (e5m2 exactly the upper byte; e4m3 a 3-bit mantissa and a
+  4-bit exponent, shifted into place and multiplied by 2 ** 8 for the difference in exponent
+  bias), so the conversion is exact and needs no fp8 support from the GPU: an A100, which
+  Triton gives no e4m3 type, runs it like an H100.
+
+Slots a sequence never wrote (stale, or NaN scales in the tests) are masked before any load, as
+for an unquantized cache; a masked scale loads as 0, and a masked key's score is -inf anyway.
+
 What the launcher needs on the host
 -----------------------------------
 Shapes (T, B, heads, block size, block table width) and, for choosing tile sizes and the split
@@ -97,6 +126,7 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.runtime import interpreting, kernel_runner
+from pagedllm.reference.ops import kv_cache_format
 from pagedllm.reference.ops import paged_attention as paged_attention_reference
 
 __all__ = ["choose_num_splits", "paged_attention", "paged_attention_reference"]
@@ -107,6 +137,53 @@ MAX_SPLITS = 16
 PROGRAMS_PER_SM = 4  # enough resident programs per multiprocessor to hide memory latency
 
 
+# --8<-- [start:dequantize]
+@triton.jit
+def _fp8_to_f32(b, E5M2: tl.constexpr):
+    """fp8 bytes (uint8 tile) to their fp32 values, exactly, through the fp16 with the same bits:
+    sign in place, exponent and mantissa shifted to the top of fp16's fields.
+
+    e4m3 has no infinities and one NaN, 0x7F (and 0xFF), which reads as 480 here: store_kv
+    stores it only for a NaN key or value, whose query is NaN as well. (Selecting NaN for it
+    made ptxas spill 2.7 KB per thread in sm_80's prefill tiles.)"""
+    b = b.to(tl.int32)
+    SHIFT: tl.constexpr = 8 if E5M2 else 7  # 10 - mantissa bits
+    half = ((b & 0x80) << 8) | ((b & 0x7F) << SHIFT)  # [...] fp16 bits
+    x = half.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    if not E5M2:
+        x = x * 256.0  # e4m3's exponent bias is 7, fp16's 15: a factor 2 ** 8 apart, exactly
+    return x
+
+
+@triton.jit
+def _dequantize(x, KV_FORMAT: tl.constexpr, dtype: tl.constexpr):
+    """A tile as the cache stores it to the values the matrix product takes, in dtype: exact
+    (small integers, fp8 values), per-token-head and per-tensor scales left to the caller."""
+    if KV_FORMAT == "fp8_e4m3" or KV_FORMAT == "fp8_e5m2":
+        x = _fp8_to_f32(x, KV_FORMAT == "fp8_e5m2")
+    elif KV_FORMAT == "int8":
+        x = x.to(tl.float32)  # int8 -> fp32 -> dtype: the interpreter has no int -> bf16 cast
+    return x.to(dtype)
+
+
+@triton.jit
+def _nibbles(b, HIGH: tl.constexpr, dtype: tl.constexpr):
+    """int4 bytes (uint8 tile) to the values of their low (HIGH False) or high nibbles."""
+    b = b.to(tl.int32)
+    if HIGH:
+        b = b >> 4
+    return ((b & 15) - 8).to(tl.float32).to(dtype)
+
+
+@triton.jit
+def _load_scales(scale_ptr, block, slot, kv_head, stride_sb, stride_ss, k_ok):
+    """The per-token-head scales of a tile's keys [TILE_N], bf16 to fp32 by their bits (0 for
+    masked keys: a NaN-poisoned unused slot is never read)."""
+    s = tl.load(scale_ptr + block * stride_sb + slot * stride_ss + kv_head, mask=k_ok, other=0.0)
+    return (s.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+# --8<-- [end:dequantize]
+
+
 @triton.jit
 def _paged_attention_kernel(
     out_ptr,  # [T, heads, head_dim]: written when NUM_SPLITS == 1
@@ -114,8 +191,10 @@ def _paged_attention_kernel(
     part_max_ptr,  # [T, heads, NUM_SPLITS] fp32 (base-2 units)
     part_sum_ptr,  # [T, heads, NUM_SPLITS] fp32
     q_ptr,  # [T, heads, head_dim]
-    k_cache_ptr,  # [num_blocks, block_size, kv_heads, head_dim]
-    v_cache_ptr,  # [num_blocks, block_size, kv_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, kv_heads, stored]: stored = head_dim (int4: / 2)
+    v_cache_ptr,  # [num_blocks, block_size, kv_heads, stored]
+    k_scale_ptr,  # fp8: [1] fp32; int8, int4: [num_blocks, block_size, kv_heads] bf16
+    v_scale_ptr,  # the same for V (auto: unused)
     block_tables_ptr,  # [B, max_blocks]
     seq_lens_ptr,  # [B]
     query_start_loc_ptr,  # [B + 1]
@@ -128,8 +207,9 @@ def _paged_attention_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_bt,
+    stride_sb, stride_ss,  # the per-token-head scales' block and slot strides (head: 1)
     HEAD_DIM: tl.constexpr,  # head_dim
-    HEAD_PAD: tl.constexpr,  # head_dim rounded up to a power of two
+    HEAD_PAD: tl.constexpr,  # head_dim rounded up to a power of two (int4: two halves of >= 16)
     BLOCK_SIZE: tl.constexpr,  # cache block size (tokens)
     GROUP: tl.constexpr,  # query heads per K/V head
     BLOCK_M: tl.constexpr,  # rows per program: BLOCK_Q queries x GROUP heads, padded
@@ -139,6 +219,7 @@ def _paged_attention_kernel(
     SLIDING: tl.constexpr,  # sliding window on
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no tf32 rounding)
     DOT_F32: tl.constexpr,  # interpreter with bf16: its tl.dot cannot multiply bf16, upcast
+    KV_FORMAT: tl.constexpr,  # auto | fp8_e4m3 | fp8_e5m2 | int8 | int4
 ):
     block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -179,12 +260,27 @@ def _paged_attention_kernel(
     q_pos = context_len + q_idx
     dims = tl.arange(0, HEAD_PAD)
     dim_ok = dims < HEAD_DIM
+    q_rows = q_ptr + token * stride_qt + head * stride_qh  # [BLOCK_M]: where each row starts
 
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+    q = tl.load(q_rows[:, None] + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_PAD]
     if DOT_F32:
         q = q.to(tl.float32)
     # --8<-- [end:gqa_rows]
+    INT4: tl.constexpr = KV_FORMAT == "int4"
+    PER_TOKEN: tl.constexpr = KV_FORMAT == "int8" or KV_FORMAT == "int4"  # scales per key
+    FP8: tl.constexpr = KV_FORMAT == "fp8_e4m3" or KV_FORMAT == "fp8_e5m2"  # one per layer
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)  # q . (k_scale k) = k_scale (q . k)
+    # int4: element d and d + HEAD_DIM / 2 share byte d, so q is taken as its two halves.
+    HALF: tl.constexpr = HEAD_DIM // 2
+    halves = tl.arange(0, HEAD_PAD // 2)  # [HEAD_PAD / 2]
+    half_ok = halves < HALF
+    if INT4:
+        q_lo = tl.load(q_rows[:, None] + halves[None, :], mask=row_ok[:, None] & half_ok[None, :],
+                       other=0.0).to(q.dtype)  # [BLOCK_M, HEAD_PAD / 2]
+        q_hi = tl.load(q_rows[:, None] + HALF + halves[None, :],
+                       mask=row_ok[:, None] & half_ok[None, :], other=0.0).to(q.dtype)
 
     # --8<-- [start:key_range]
     # -- the keys this block of queries may see, and this split's share of their tiles ----------
@@ -207,6 +303,9 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(score - m)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # running sum of exp2(...) * v
+    if INT4:  # the two halves of acc, kept apart (acc itself is then unused)
+        acc_lo = tl.zeros([BLOCK_M, HEAD_PAD // 2], dtype=tl.float32)
+        acc_hi = tl.zeros([BLOCK_M, HEAD_PAD // 2], dtype=tl.float32)
     table = block_tables_ptr + seg.to(tl.int64) * stride_bt
     offs_n = tl.arange(0, TILE_N)
 
@@ -216,18 +315,31 @@ def _paged_attention_kernel(
         k_ok = k_pos < kv_hi  # never a slot at or past seq_len
         block = tl.load(table + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
         slot = k_pos % BLOCK_SIZE
-        k = tl.load(k_cache_ptr + block[None, :] * stride_kb + slot[None, :] * stride_ks
-                    + kv_head * stride_kh + dims[:, None],
-                    mask=k_ok[None, :] & dim_ok[:, None], other=0.0)  # [HEAD_PAD, TILE_N]
-        v = tl.load(v_cache_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs
-                    + kv_head * stride_vh + dims[None, :],
-                    mask=k_ok[:, None] & dim_ok[None, :], other=0.0)  # [TILE_N, HEAD_PAD]
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k_rows = k_cache_ptr + block * stride_kb + slot * stride_ks + kv_head * stride_kh
+        v_rows = v_cache_ptr + block * stride_vb + slot * stride_vs + kv_head * stride_vh
+        if INT4:  # bytes: two half-rows each
+            k = tl.load(k_rows[None, :] + halves[:, None], mask=k_ok[None, :] & half_ok[:, None],
+                        other=0)  # [HEAD_PAD / 2, TILE_N]
+            v = tl.load(v_rows[:, None] + halves[None, :], mask=k_ok[:, None] & half_ok[None, :],
+                        other=0)  # [TILE_N, HEAD_PAD / 2]
+        else:
+            k = tl.load(k_rows[None, :] + dims[:, None], mask=k_ok[None, :] & dim_ok[:, None],
+                        other=0)  # [HEAD_PAD, TILE_N]
+            v = tl.load(v_rows[:, None] + dims[None, :], mask=k_ok[:, None] & dim_ok[None, :],
+                        other=0)  # [TILE_N, HEAD_PAD]
+            k = _dequantize(k, KV_FORMAT, q.dtype)  # auto: only the interpreter's bf16 upcast
+            v = _dequantize(v, KV_FORMAT, q.dtype)
         # --8<-- [end:tile_addresses]
 
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        if INT4:  # q . k = q_lo . k_lo + q_hi . k_hi
+            s = tl.dot(q_lo, _nibbles(k, False, q.dtype), input_precision=DOT_PRECISION)
+            s += tl.dot(q_hi, _nibbles(k, True, q.dtype), input_precision=DOT_PRECISION)
+        else:
+            s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+        s = s * qk_scale
+        if PER_TOKEN:  # each key column times its own scale
+            s = s * _load_scales(k_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
+                                 k_ok)[None, :]
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if SLIDING:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
@@ -238,21 +350,41 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)  # rescales what was summed against the old max
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if PER_TOKEN:  # sum_j p_j (s_j v_j) = sum_j (p_j s_j) v_j; l keeps the unscaled p
+            p = p * _load_scales(v_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
+                                 k_ok)[None, :]
+        p = p.to(q.dtype)
+        if INT4:
+            acc_lo = acc_lo * alpha[:, None] + tl.dot(p, _nibbles(v, False, q.dtype),
+                                                      input_precision=DOT_PRECISION)
+            acc_hi = acc_hi * alpha[:, None] + tl.dot(p, _nibbles(v, True, q.dtype),
+                                                      input_precision=DOT_PRECISION)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
     # --8<-- [end:tile_loop]
 
     # --8<-- [start:finish]
     if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no key seen (padding rows): acc = 0
-        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+        dst = out_ptr + token * stride_ot + head * stride_oh  # [BLOCK_M]: each row's start
+        factor = 1.0 / tl.where(l_i > 0, l_i, 1.0)  # no key seen (padding rows): acc = 0
     else:  # a partial: every split writes one, even an empty split (m = -inf, l = 0, acc = 0)
         part = (token * tl.num_programs(1) * GROUP + head) * NUM_SPLITS + split  # [BLOCK_M]
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
-        tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc,
-                 mask=row_ok[:, None])
+        dst = part_acc_ptr + part * HEAD_PAD  # [BLOCK_M]
+        factor = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if FP8:
+        factor = factor * tl.load(v_scale_ptr)  # sum_j p_j (v_scale v_j) = v_scale sum_j p_j v_j
+    if INT4:  # the halves side by side: element d, then d + HEAD_DIM / 2
+        mask = row_ok[:, None] & half_ok[None, :]
+        tl.store(dst[:, None] + halves[None, :],
+                 (acc_lo * factor[:, None]).to(dst.dtype.element_ty), mask=mask)
+        tl.store(dst[:, None] + HALF + halves[None, :],
+                 (acc_hi * factor[:, None]).to(dst.dtype.element_ty), mask=mask)
+    else:
+        tl.store(dst[:, None] + dims[None, :], (acc * factor[:, None]).to(dst.dtype.element_ty),
+                 mask=row_ok[:, None] & dim_ok[None, :])
     # --8<-- [end:finish]
 
 
@@ -278,8 +410,9 @@ def _combine_splits_kernel(
     part = (token * tl.num_programs(1) + head) * NUM_SPLITS + splits  # [SPLITS_PAD]
     m = tl.load(part_max_ptr + part, mask=split_ok, other=float("-inf"))
     l_s = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0)
+    dim_ok = dims < HEAD_DIM  # a partial's padding columns are never written
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :],
-                  mask=split_ok[:, None], other=0.0)  # [SPLITS_PAD, HEAD_PAD]
+                  mask=split_ok[:, None] & dim_ok[None, :], other=0.0)  # [SPLITS_PAD, HEAD_PAD]
     m_max = tl.max(m, axis=0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     weight = tl.exp2(m - m_safe)  # 0 for an empty split
@@ -287,7 +420,7 @@ def _combine_splits_kernel(
     out = tl.sum(acc * weight[:, None], axis=0)
     out = out / tl.where(total > 0, total, 1.0)  # no key seen (padding rows): out = 0
     tl.store(out_ptr + token * stride_ot + head * stride_oh + dims,
-             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+             out.to(out_ptr.dtype.element_ty), mask=dim_ok)
 # --8<-- [end:combine]
 
 
@@ -341,15 +474,20 @@ def _choose_tiles(max_query_len: int, group: int, head_pad: int, element_size: i
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
-                    sliding_window: int | None = None, *, num_splits: int | None = None,
-                    block_m: int | None = None, tile_n: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    sliding_window: int | None = None, kv_cache_dtype: str = "auto",
+                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                    *, num_splits: int | None = None, block_m: int | None = None,
+                    tile_n: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The twin's op, ``paged_attention_reference``, by one Triton kernel (two when split).
 
     q [T, heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim];
     block_tables [B, max_blocks] int32; seq_lens [B]; query_start_loc [B + 1] with
     query_start_loc[0] == 0; seq_lens and query_start_loc on the host or on q's device.
     Returns [T, heads, head_dim] in q's dtype; rows past query_start_loc[B] are 0.
+
+    A quantized cache, as ``store_kv`` writes it: kv_cache_dtype and the caches in the format's
+    dtype (int4: head_dim / 2 bytes a row), with k_scale, v_scale [1] float32 for fp8 or the
+    per-token-head scales [num_blocks, block_size, kv_heads] bfloat16 for int8 and int4.
 
     Keyword-only, for tests and benchmarks (None: the heuristics choose): ``num_splits`` key
     splits (1: single pass; > 1: flash-decoding with its combine kernel, any batch); ``block_m``
@@ -369,11 +507,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         max_seq_len = block_tables.shape[1] * block_size
     seq_lens = seq_lens.to(q.device)  # no-ops when already there
     query_start_loc = query_start_loc.to(q.device)
+    fmt = kv_cache_format(kv_cache_dtype)
+    scales = [s for s in (k_scale, v_scale) if s is not None]
     runner = kernel_runner(_paged_attention_kernel, q, k_cache, v_cache, block_tables, seq_lens,
-                           query_start_loc)
+                           query_start_loc, *scales)
     if runner is None:  # CPU without the interpreter: the twin
         result = paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens,
-                                           query_start_loc, scale, sliding_window)
+                                           query_start_loc, scale, sliding_window,
+                                           kv_cache_dtype, k_scale, v_scale)
         return result if out is None else out.copy_(result)
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not split into {num_kv_heads} groups")
@@ -389,7 +530,26 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     block_tables = block_tables.contiguous()  # no-op when already contiguous
     seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
-    head_pad = max(16, triton.next_power_of_2(head_dim))
+    stride_sb = stride_ss = 0
+    if fmt.name != "auto":
+        if k_cache.dtype != fmt.storage_dtype or k_cache.shape[-1] * fmt.values_per_byte != \
+                head_dim:  # (int4 needs an even head_dim)
+            raise ValueError(f"a {fmt.name} cache for head_dim {head_dim} holds "
+                             f"{fmt.storage_dtype} rows of {head_dim / fmt.values_per_byte:g}, "
+                             f"got {k_cache.dtype} rows of {k_cache.shape[-1]}")
+        if k_scale is None or v_scale is None:
+            raise ValueError(f"kv_cache_dtype {fmt.name!r} needs k_scale and v_scale")
+    if fmt.scales == "per_tensor":  # read as bytes, widened in the kernel (module docstring)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    elif fmt.scales == "per_token_head":
+        if k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1:
+            raise ValueError("k_scale and v_scale: [num_blocks, block_size, kv_heads] tensors "
+                             "of one layout, heads contiguous")
+        stride_sb, stride_ss = k_scale.stride(0), k_scale.stride(1)
+    else:
+        k_scale, v_scale = k_cache, v_cache  # unused pointers
+    # int4 multiplies two halves of head_dim, each at least 16 wide (a matrix product's minimum)
+    head_pad = max(32 if fmt.values_per_byte > 1 else 16, triton.next_power_of_2(head_dim))
     rows, tile, num_warps, num_stages = _choose_tiles(max_query_len, group, head_pad,
                                                       q.element_size())
     rows = block_m or rows
@@ -410,17 +570,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         part_acc = part_max = part_sum = out  # unused
     grid = (T // block_q + num_seqs + 1, num_kv_heads, num_splits)
     runner[grid](
-        out, part_acc, part_max, part_sum, q, k_cache, v_cache, block_tables, seq_lens,
-        query_start_loc, scale * LOG2E, num_seqs, T, sliding_window or 0,
+        out, part_acc, part_max, part_sum, q, k_cache, v_cache, k_scale, v_scale, block_tables,
+        seq_lens, query_start_loc, scale * LOG2E, num_seqs, T, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
+        block_tables.stride(0), stride_sb, stride_ss,
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, GROUP=group,
         BLOCK_M=rows, BLOCK_Q=block_q, TILE_N=tile, NUM_SPLITS=num_splits,
         SLIDING=sliding_window is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_F32=q.dtype == torch.bfloat16 and interpreting(),
+        KV_FORMAT=fmt.name,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:

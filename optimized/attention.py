@@ -32,15 +32,17 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.reference.model import PagedAttention
+from pagedllm.reference.ops import dequantize_kv, kv_cache_format
 
 
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                        sliding_window=None) -> torch.Tensor:
+                        sliding_window=None, kv_cache_dtype="auto", k_scale=None,
+                        v_scale=None) -> torch.Tensor:
     """The CPU path as one op with the reference's signature: plan, then attend.
     q [T, heads, head_dim] -> [T, heads, head_dim]."""
     plan = plan_attention(block_tables, seq_lens, query_start_loc, k_cache.shape[1],
                           sliding_window)
-    return attend(plan, q, k_cache, v_cache, scale)
+    return attend(plan, q, k_cache, v_cache, scale, kv_cache_dtype, k_scale, v_scale)
 
 
 # --8<-- [start:plan]
@@ -122,11 +124,15 @@ def length_buckets(lens: list[int], slack: float = 2.0) -> list[list[int]]:
 
 # --8<-- [start:attend]
 def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
-           v_cache: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [T, heads, head_dim] -> [T, heads, head_dim], one padded batch at a time."""
+           v_cache: torch.Tensor, scale: float, kv_cache_dtype: str = "auto",
+           k_scale: torch.Tensor | None = None,
+           v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, heads, head_dim] -> [T, heads, head_dim], one padded batch at a time. A quantized
+    cache is dequantized as its blocks are gathered (only the blocks a batch reads)."""
     out = q.new_zeros(q.shape)  # rows past the plan's last sequence stay 0
+    quant = (kv_cache_dtype, k_scale, v_scale)
     for batch in plan.batches:
-        result = _attend_batch(batch, q, k_cache, v_cache, scale)  # [P, Q, heads, hd]
+        result = _attend_batch(batch, q, k_cache, v_cache, scale, *quant)  # [P, Q, heads, hd]
         if batch.real is None:
             out.index_copy_(0, batch.rows.reshape(-1), result.flatten(0, 1))
         else:
@@ -134,13 +140,18 @@ def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
     return out
 
 
-def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale) -> torch.Tensor:
+def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale, kv_cache_dtype, k_scale,
+                  v_scale) -> torch.Tensor:
     (P, Q), num_heads, head_dim = batch.rows.shape, q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group, L = num_heads // num_kv_heads, batch.blocks.numel() // P * block_size
+    per_row = kv_cache_format(kv_cache_dtype).scales == "per_token_head"
 
-    def gather(cache, zero_unfilled=False):  # [kv_heads, P, L, head_dim], contiguous
-        rows = cache.index_select(0, batch.blocks).view(P * L, num_kv_heads, head_dim)
+    def gather(cache, scales, zero_unfilled=False):  # [kv_heads, P, L, head_dim], contiguous
+        rows = cache.index_select(0, batch.blocks).view(P * L, num_kv_heads, cache.shape[-1])
+        if per_row:  # the gathered slots' own scales: [P * L, kv_heads]
+            scales = scales.index_select(0, batch.blocks).view(P * L, num_kv_heads)
+        rows = dequantize_kv(rows, scales, kv_cache_dtype, q.dtype)  # [P * L, kvh, head_dim]
         if zero_unfilled:
             rows.index_fill_(0, batch.unfilled, 0.0)
         return rows.view(P, L, num_kv_heads, head_dim).permute(2, 0, 1, 3).contiguous()
@@ -148,7 +159,7 @@ def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale) -> torch.Tenso
     # Positions past a sequence's length hold whatever was there, even NaN. A NaN key is
     # harmless (its score is masked to -inf), but a NaN value times its zero probability would
     # still be NaN: those values are zeroed.
-    keys, values = gather(k_cache), gather(v_cache, zero_unfilled=True)
+    keys, values = gather(k_cache, k_scale), gather(v_cache, v_scale, zero_unfilled=True)
     qg = q[batch.rows].view(P, Q, num_kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)
     qg = qg.reshape(num_kv_heads, P, group * Q, head_dim)  # [kvh, P, group * Q, hd]
     scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [kvh, P, group * Q, L]
@@ -174,10 +185,11 @@ class PlannedAttention(PagedAttention):
     def attend(self, layer, q, k, v, positions, scale, sliding_window=None):
         md = self.metadata
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        self.backend.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        self.store(layer, k, v)
         if sliding_window not in self.plans:
             self.plans[sliding_window] = plan_attention(
                 md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu, k_cache.shape[1],
                 sliding_window)
-        return attend(self.plans[sliding_window], q, k_cache, v_cache, scale)
+        return attend(self.plans[sliding_window], q, k_cache, v_cache, scale,
+                      *self.quant.args(layer))
 # --8<-- [end:planned_context]

@@ -45,11 +45,11 @@ class DeviceAttention(PagedAttention):
     """
 
     def attend(self, layer, q, k, v, positions, scale, sliding_window=None):
-        md, ops = self.metadata, self.backend
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
-        return ops.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens,
-                                   md.query_start_loc, scale, sliding_window)
+        md = self.metadata
+        self.store(layer, k, v)
+        return self.backend.paged_attention(
+            q, self.k_caches[layer], self.v_caches[layer], md.block_tables, md.seq_lens,
+            md.query_start_loc, scale, sliding_window, *self.quant.args(layer))
 
 
 class ModelRunner(ReferenceModelRunner):
@@ -136,7 +136,7 @@ class ModelRunner(ReferenceModelRunner):
 
     def _context(self, md: AttentionMetadata) -> PagedAttention:
         """The step's attention context, built once per step from its metadata."""
-        return self.attention(md, self.k_caches, self.v_caches, self.backend)
+        return self.attention(md, self.k_caches, self.v_caches, self.backend, self.kv_quant)
 
     # -- the forward ----------------------------------------------------------------------------
     # --8<-- [start:execute]

@@ -4,6 +4,10 @@ Every layer stores one key and one value vector per KV head for every token:
 
     bytes per token = 2 (K and V) × layers × kv_heads × head_dim × bytes per element
 
+A quantized cache (``--kv-cache-dtype``, ``ops/kv_quant.py``) stores fewer bytes per element and,
+for int8 / int4, a 2-byte scale per token and KV head, which the count includes:
+head_dim × bytes per element becomes 64 + 2 bytes (int8) or 32 + 2 (int4) for head_dim 64.
+
 OPT-13B (40 layers, 40 heads of 128, fp16): 2 × 40 × 40 × 128 × 2 = 819,200 B ≈ 800 KiB per
 token, so one 2048-token request holds 1,600 MiB (the paper's "1.6 GB"). Grouped-query attention
 shrinks the kv_heads factor: Llama-3-8B keeps 8 KV heads for 32 query heads, 128 KiB per token.
@@ -28,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .model.config import load_config
+from .ops.kv_quant import kv_cache_format
 
 GIB = 2**30
 # A budget above this is a typo (bytes or MiB given as GiB), not a GPU: 1e6 GiB is a petabyte.
@@ -43,10 +48,17 @@ class KVSize:
     head_dim: int
     dtype_bytes: int
     max_len: int  # the model's maximum sequence length (max_position_embeddings)
+    kv_cache_dtype: str = "auto"  # auto: dtype_bytes per element; else ops/kv_quant.py
+
+    @property
+    def bytes_per_token_head(self) -> int:
+        """One token's K (or V) for one KV head, its scale included."""
+        return kv_cache_format(self.kv_cache_dtype).bytes_per_token_head(self.head_dim,
+                                                                         self.dtype_bytes)
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.bytes_per_token_head
 
     def bytes_for(self, num_tokens: int) -> int:
         return num_tokens * self.bytes_per_token
@@ -78,8 +90,11 @@ PRESETS = {  # name: (layers, kv_heads, head_dim, max_len)
 }
 
 
-def kv_size(model: str | Path, dtype: torch.dtype | str | None = None) -> KVSize:
-    """KV size of a preset name (fp16 unless dtype says otherwise) or a checkpoint folder."""
+def kv_size(model: str | Path, dtype: torch.dtype | str | None = None,
+            kv_cache_dtype: str = "auto") -> KVSize:
+    """KV size of a preset name (fp16 unless dtype says otherwise) or a checkpoint folder, with
+    the cache stored as kv_cache_dtype (auto: in dtype)."""
+    kv_cache_dtype = kv_cache_format(kv_cache_dtype).name  # unknown names: ValueError
     if not isinstance(model, str | Path):
         raise TypeError(f"model must be a preset name or a checkpoint folder (str or Path), got "
                         f"{model!r} ({type(model).__name__})")
@@ -94,14 +109,14 @@ def kv_size(model: str | Path, dtype: torch.dtype | str | None = None) -> KVSize
     if str(model) in PRESETS:
         layers, kv_heads, head_dim, max_len = PRESETS[str(model)]
         item = torch.empty((), dtype=dtype or torch.float16).element_size()
-        return KVSize(str(model), layers, kv_heads, head_dim, item, max_len)
+        return KVSize(str(model), layers, kv_heads, head_dim, item, max_len, kv_cache_dtype)
     if str(model) == "" or not Path(model).exists():
         raise ValueError(f"{str(model)!r} is neither a preset nor a folder; presets: "
                          f"{', '.join(PRESETS)}")
     cfg = load_config(model)
     item = torch.empty((), dtype=dtype or cfg.dtype).element_size()
     return KVSize(Path(model).name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, item,
-                  cfg.max_position_embeddings)
+                  cfg.max_position_embeddings, kv_cache_dtype)
 
 
 def _parse_dtype(name: str) -> torch.dtype:
@@ -116,9 +131,13 @@ def describe(s: KVSize, tokens: int | None = None) -> str:
         tokens = s.max_len
     _check_positive(tokens=tokens)  # 0 must not quietly become "the maximum"
     total = s.bytes_for(tokens)
+    if s.kv_cache_dtype == "auto":
+        per_head = f"{s.head_dim} head dim x {s.dtype_bytes} bytes"
+    else:
+        per_head = f"{s.bytes_per_token_head} bytes per head ({s.kv_cache_dtype}, scales included)"
     return "\n".join([
         f"{s.name}: 2 (K and V) x {s.num_layers} layers x {s.num_kv_heads} KV heads "
-        f"x {s.head_dim} head dim x {s.dtype_bytes} bytes",
+        f"x {per_head}",
         f"  bytes per token: {s.bytes_per_token:,} ({s.bytes_per_token / 1024:,.1f} KiB)",
         f"  tokens per GiB:  {s.tokens_per_gib:,}",
         f"  {tokens:,} tokens: {total:,} bytes = {total / 2**20:,.0f} MiB "
@@ -210,6 +229,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence length to price (default: the model's maximum)")
     p.add_argument("--dtype", default=None, help="KV dtype (default: float16 for presets, "
                    "the checkpoint's dtype for folders)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="store the cache quantized: auto "
+                   "(in --dtype), fp8 (= fp8_e4m3), fp8_e5m2, int8 or int4 (scales included)")
     plan_args = p.add_argument_group("capacity planning (needs --memory-gib)")
     plan_args.add_argument("--memory-gib", type=float, default=None,
                            help="GPU memory left for the KV cache, in GiB")
@@ -235,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}; leave it out to price "
                          "the model's maximum length")
     for model in args.models:
-        s = kv_size(model, args.dtype)
+        s = kv_size(model, args.dtype, getattr(args, "kv_cache_dtype", "auto"))
         text = describe(s, args.tokens)
         if planning is not None:  # computed before printing: bad input prints nothing
             text += "\n" + plan(s, planning, args.context, args.mean_tokens, args.block_size,

@@ -9,6 +9,20 @@ DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_HELP = ("auto (the default): the checkpoint's dtype on CUDA (bfloat16 for SmolLM2 and the "
               "Llama family), float32 on the CPU")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+KV_CACHE_DTYPE_HELP = ("how the KV cache stores keys and values: auto (the model's dtype), fp8 "
+                       "(= fp8_e4m3) or fp8_e5m2 with a per-tensor scale per layer, int8 or "
+                       "int4 with a scale per token and KV head (about 2x and 4x the tokens of "
+                       "a bf16 cache)")
+
+
+def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """--kv-cache-dtype and --calculate-kv-scales (vLLM's names): serve and generate."""
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help=KV_CACHE_DTYPE_HELP)
+    parser.add_argument("--calculate-kv-scales", action="store_true",
+                        help="fp8: set the per-tensor scales from the first batch instead of "
+                        "1.0 (values beyond fp8's range would be clipped)")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +60,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-chunked-prefill", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="optimized tier: no CUDA graphs")
+    add_kv_cache_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger request bodies get 413")

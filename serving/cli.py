@@ -25,7 +25,7 @@ from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.model import load_model
 
-from .args import DTYPE_HELP, add_serve_arguments
+from .args import DTYPE_HELP, add_kv_cache_arguments, add_serve_arguments
 from .default_model import default_model_dir
 
 DEMO_PROMPTS = ["The for statement is used to", "Return a list of the", "This module provides"]
@@ -131,7 +131,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                 ignore_eos=args.ignore_eos)
         llm = LLM(model_dir, dtype=args.dtype, kv_layout=args.kv_layout,
                   block_size=args.block_size, preemption_mode=args.preemption_mode,
-                  seed=args.seed)
+                  seed=args.seed, kv_cache_dtype=args.kv_cache_dtype,
+                  calculate_kv_scales=args.calculate_kv_scales)
     except ValueError as err:
         raise _flagged(err) from err
     if args.chat is not None:  # one user message through the checkpoint's chat template
@@ -244,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
     gen.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     gen.add_argument("--ignore-eos", action="store_true")
+    add_kv_cache_arguments(gen)
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="talk to a chat model, answers streamed as generated")

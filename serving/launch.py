@@ -34,7 +34,8 @@ def load_llm(args: argparse.Namespace):
                    enable_prefix_caching=args.enable_prefix_caching,
                    enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed,
                    gpu_memory_utilization=args.gpu_memory_utilization,
-                   enforce_eager=args.enforce_eager)
+                   enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
+                   calculate_kv_scales=args.calculate_kv_scales)
     if args.tier == "optimized":
         from pagedllm.optimized import LLM
     else:

@@ -9,7 +9,10 @@ Gauges, set after every engine step from ``LLMEngine.stats()``:
 - ``pagedllm:kv_cache_usage_perc`` (vLLM V1's name) and ``pagedllm:gpu_cache_usage_perc``
   (V0's name, the same value): the share of KV blocks in use, 0 to 1 (the block usage ratio);
 - ``pagedllm:gpu_prefix_cache_hit_rate``: prompt tokens found in the prefix cache / tokens
-  looked up, since the server started (0 unless ``--enable-prefix-caching``).
+  looked up, since the server started (0 unless ``--enable-prefix-caching``);
+- ``pagedllm:kv_cache_bytes_per_token`` / ``pagedllm:kv_cache_capacity_tokens`` (pagedllm's
+  own): what one token costs in the pool as ``--kv-cache-dtype`` stores it, scales included, and
+  how many tokens the pool holds.
 
 Counters (exposed with ``_total``):
 
@@ -69,6 +72,9 @@ class ServerMetrics:
                                "V0's name for kv_cache_usage_perc).")
         self.prefix_hit_rate = gauge("gpu_prefix_cache_hit_rate", "Prompt tokens found in the "
                                      "prefix cache / prompt tokens looked up.")
+        self.kv_bytes_per_token = gauge("kv_cache_bytes_per_token", "KV-cache bytes per token, "
+                                        "as --kv-cache-dtype stores it (scales included).")
+        self.kv_capacity = gauge("kv_cache_capacity_tokens", "Tokens the KV pool holds.")
         preemptions = Counter(PREFIX + "num_preemptions", "Preemptions, by mode.",
                               [*label, "mode"], registry=reg)
         self.preemptions = {mode: preemptions.labels(model_name, mode)
@@ -103,6 +109,8 @@ class ServerMetrics:
         self.swapped.set(stats["swapped"])
         self.kv_usage.set(stats["usage"])
         self.gpu_usage.set(stats["usage"])
+        self.kv_bytes_per_token.set(stats["kv_bytes_per_token"])
+        self.kv_capacity.set(stats["kv_capacity_tokens"])
         for mode in ("recompute", "swap"):
             key = f"preemptions_{mode}"
             self.preemptions[mode].inc(stats[key] - self._last[key])

@@ -21,7 +21,7 @@ from ..model import load_config, resolve_model
 from ..model.config import ModelConfig
 from ..model.loader import parse_device
 from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
-from ..ops import REFERENCE_BACKEND, Backend
+from ..ops import KV_CACHE_DTYPES, REFERENCE_BACKEND, Backend, KVCacheFormat, kv_cache_format
 from .model_runner import ModelRunner
 from .scheduler import SchedulerConfig
 from .validation import (
@@ -66,6 +66,8 @@ class EngineArgs:
     enforce_eager: bool = False  # a runner that captures CUDA graphs: don't
     gpu_memory_utilization: float | None = None  # a runner that profiles: share of the GPU
     swap_space: float = 0  # GiB of CPU swap space (vLLM's flag), instead of swap_space_blocks
+    kv_cache_dtype: str = "auto"  # "fp8" (= "fp8_e4m3"), "fp8_e5m2", "int8", "int4"
+    calculate_kv_scales: bool = False  # fp8: per-tensor scales from the first batch, not 1.0
 # --8<-- [end:engine_args]
 
     def create_engine_config(self) -> "EngineConfig":
@@ -92,6 +94,8 @@ class EngineConfig:
     model_runner: type[ModelRunner]
     enforce_eager: bool
     gpu_memory_utilization: float
+    kv_cache_dtype: str  # the canonical name (ops/kv_quant.py): auto, fp8_e4m3, fp8_e5m2, ...
+    calculate_kv_scales: bool
 
     # The scheduler's budgets, read where the engine's config is read (engine.config.X).
     @property
@@ -141,8 +145,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if args.batching not in ("continuous", "static"):
         raise FieldValueError("batching", f"batching {args.batching!r} is unknown; choose "
                               "'continuous' or 'static'")
-    for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+    for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
+                 "calculate_kv_scales"):
         check_bool(name, getattr(args, name))
+    kv_format = _kv_cache_format(args)
     _check_tier_options(args, runner)
     check_int("block_size", args.block_size, low=1)
     check_int("swap_space_blocks", args.swap_space_blocks, low=0)
@@ -173,6 +179,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     model_dir = Path(model_dir)
     if dtype_name == "auto":
         dtype_name = auto_dtype(device, cfg.dtype)
+    if kv_format.values_per_byte == 2 and cfg.head_dim % 2:
+        raise FieldValueError("kv_cache_dtype", f"kv_cache_dtype 'int4' packs two values per "
+                              f"byte, half of head_dim into each nibble; this model's head_dim "
+                              f"{cfg.head_dim} is odd: use 'int8' or 'fp8'")
     max_model_len = cfg.max_position_embeddings if args.max_model_len is None \
         else args.max_model_len
     if max_model_len > cfg.max_position_embeddings:
@@ -185,9 +195,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise FieldValueError("max_num_batched_tokens", f"max_num_batched_tokens ({max_tokens}) "
                               f"must be >= max_model_len ({max_model_len}) unless "
                               "enable_chunked_prefill: a whole prompt must fit in one step")
-    num_gpu_blocks = _num_gpu_blocks(args, runner, device, model_dir, dtype_name)
+    per_token = kv_size(model_dir, dtype_name, kv_format.name).bytes_per_token  # scales included
+    num_gpu_blocks = _num_gpu_blocks(args, runner, device, per_token)
     swap_space_blocks = args.swap_space_blocks or int(args.swap_space * 2**30) // (
-        kv_size(model_dir, dtype_name).bytes_per_token * args.block_size)
+        per_token * args.block_size)
     if (num_gpu_blocks is not None and args.kv_layout == "contiguous"
             and args.reservation_policy == "max"
             and num_gpu_blocks * args.block_size < max_model_len):
@@ -210,7 +221,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
                                 if args.gpu_memory_utilization is None
-                                else args.gpu_memory_utilization))
+                                else args.gpu_memory_utilization),
+        kv_cache_dtype=kv_format.name, calculate_kv_scales=args.calculate_kv_scales)
 # --8<-- [end:create_engine_config]
 
 
@@ -285,15 +297,39 @@ def _check_tier_options(args: EngineArgs, runner: type[ModelRunner]) -> None:
                               "optimized tier (pagedllm.optimized.LLM)")
 
 
+def _kv_cache_format(args: EngineArgs) -> KVCacheFormat:
+    """kv_cache_dtype and calculate_kv_scales: a known name, one this torch can store, and
+    scales to calculate only where they are per tensor."""
+    if not isinstance(args.kv_cache_dtype, str):
+        raise FieldTypeError("kv_cache_dtype", f"kv_cache_dtype must be a name, one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}; got {args.kv_cache_dtype!r}")
+    try:
+        fmt = kv_cache_format(args.kv_cache_dtype)
+    except ValueError as err:
+        raise FieldValueError("kv_cache_dtype", str(err)) from None
+    if fmt.scales == "per_tensor" and fmt.storage_dtype is None:
+        raise FieldValueError("kv_cache_dtype", f"kv_cache_dtype {args.kv_cache_dtype!r} needs "
+                              f"torch's float8 dtypes, which torch {torch.__version__} lacks: "
+                              "use 'int8' (the same bytes) or a torch >= 2.1")
+    if args.calculate_kv_scales and fmt.scales != "per_tensor":
+        raise FieldValueError("calculate_kv_scales", f"calculate_kv_scales sets fp8's per-tensor "
+                              f"scales from the first batch; kv_cache_dtype "
+                              f"{args.kv_cache_dtype!r} "
+                              + ("has no scales" if fmt.scales == "none" else
+                                 "computes a scale for every token as it is written") +
+                              ": leave calculate_kv_scales off, or use kv_cache_dtype 'fp8'")
+    return fmt
+
+
 def _num_gpu_blocks(args: EngineArgs, runner: type[ModelRunner], device: torch.device,
-                    model_dir: Path, dtype_name: str) -> int | None:
-    """Blocks in the KV pool: as given; or as many as kv_cache_memory buys; or None, for a
-    runner that profiles a step on CUDA to find what the GPU has left (vLLM's way)."""
+                    per_token: int) -> int | None:
+    """Blocks in the KV pool: as given; or as many as kv_cache_memory buys (per_token bytes a
+    token, scales included); or None, for a runner that profiles a step on CUDA to find what the
+    GPU has left (vLLM's way)."""
     if args.num_gpu_blocks is not None:
         return args.num_gpu_blocks
     if args.kv_cache_memory is None and runner.profiles_kv_cache and device.type == "cuda":
         return None
-    per_token = kv_size(model_dir, dtype_name).bytes_per_token
     memory = args.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
     num_gpu_blocks = memory // (per_token * args.block_size)
     if num_gpu_blocks < 1:

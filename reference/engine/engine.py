@@ -62,8 +62,10 @@ class LLMEngine:
         self.cache_engine = CacheEngine(
             cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv.block_size,
             self.kv.num_total_blocks, config.swap_space_blocks if config.kv_layout == "paged"
-            else 0, config.dtype, self.device, self.runner.backend)
-        self.runner.bind_kv_cache(self.cache_engine.gpu_k, self.cache_engine.gpu_v)
+            else 0, config.dtype, self.device, self.runner.backend, config.kv_cache_dtype,
+            config.calculate_kv_scales)
+        self.runner.bind_kv_cache(self.cache_engine.gpu_k, self.cache_engine.gpu_v,
+                                  self.cache_engine.quant)
         self.tokenizer = tokenizer
         self.vocab_size = cfg.vocab_size
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
@@ -149,6 +151,7 @@ class LLMEngine:
                 for observe in self.step_observers:
                     observe(self, sched, inputs)
                 logits = self.runner.execute(inputs)  # [S, vocab]
+                self.cache_engine.quant.calculate_scales = False  # fp8: set by this forward
                 sampled = self.runner.sample(logits, inputs.sampling)
                 self.scheduler.update_from_output(sched)
                 self._update(inputs, logits, sampled)
@@ -318,4 +321,9 @@ class LLMEngine:
             "prefill_tokens": c["prefill_tokens"], "decode_tokens": c["decode_tokens"],
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped),
+            # What the pool stores and costs: bytes per token count the int8/int4 scales.
+            "kv_cache_dtype": self.config.kv_cache_dtype,
+            "kv_bytes_per_token": self.cache_engine.nbytes() // max(total * self.kv.block_size, 1),
+            "kv_cache_bytes": self.cache_engine.nbytes(),
+            "kv_capacity_tokens": total * self.kv.block_size,
         }

@@ -15,7 +15,7 @@ checks read (``config.py``), so that a tier refuses what it does not run at the 
 
 import torch
 
-from ..model import PagedAttention
+from ..model import KVCacheQuant, PagedAttention
 from ..ops import Backend, SamplerOutput, SamplingMetadata
 from .step_inputs import StepInputs
 
@@ -32,16 +32,21 @@ class ModelRunner:
         self.backend: Backend = config.backend
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
+        self.kv_quant = KVCacheQuant()
 
-    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
-        """The KV pool's tensors, one K and one V per layer, allocated by the cache engine."""
+    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                      kv_quant: KVCacheQuant | None = None) -> None:
+        """The KV pool's tensors, one K and one V per layer, allocated by the cache engine, and
+        how they are quantized (their scales)."""
         self.k_caches, self.v_caches = k_caches, v_caches
+        self.kv_quant = kv_quant or KVCacheQuant()
 
     # --8<-- [start:execute]
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """One forward over every scheduled token of every sequence, laid flat."""
-        attn = PagedAttention(inputs.attn_metadata, self.k_caches, self.v_caches, self.backend)
+        attn = PagedAttention(inputs.attn_metadata, self.k_caches, self.v_caches, self.backend,
+                              self.kv_quant)
         return self.model(inputs.input_ids, inputs.positions, attn,
                           logits_indices=inputs.logits_indices)  # [S, vocab]
     # --8<-- [end:execute]

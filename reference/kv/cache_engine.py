@@ -11,21 +11,37 @@ sequence, which may copy into it.
 A slot is one token's row of K (and of V) in the flat view [num_blocks * block_size, kv_heads,
 head_dim]: slot = block * block_size + offset. The contiguous layout uses the same storage with
 blocks of one token, so a slab is a run of consecutive one-token blocks.
+
+A quantized pool (``kv_cache_dtype``, see ``ops/kv_quant.py``) stores its values in fewer bits.
+int8 and int4 also keep one scale per slot and KV head, in tensors of the same block layout
+[num_blocks, block_size, kv_heads]: every block move below moves them too, so a swapped-in,
+copied or prefix-cached block keeps the scales its tokens were written with. fp8's scales are
+one per layer for K and one for V, fixed once set, and never move.
 """
 
 import torch
 
+from ..model.attention import KVCacheQuant
 from ..ops import REFERENCE_BACKEND, Backend
+from ..ops.kv_quant import kv_cache_format
 
 
 class CacheEngine:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
                  num_gpu_blocks: int, num_cpu_blocks: int = 0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 backend: Backend = REFERENCE_BACKEND):
-        def pool(num_blocks: int, where, pin_memory: bool = False) -> list[torch.Tensor]:
-            shape = (num_blocks, block_size, num_kv_heads, head_dim)
-            return [torch.zeros(shape, dtype=dtype, device=where, pin_memory=pin_memory)
+                 backend: Backend = REFERENCE_BACKEND, kv_cache_dtype: str = "auto",
+                 calculate_kv_scales: bool = False):
+        fmt = kv_cache_format(kv_cache_dtype)
+
+        def pool(num_blocks: int, where, pin_memory: bool = False, scales: bool = False
+                 ) -> list[torch.Tensor]:
+            if scales:  # [num_blocks, block_size, kv_heads]: one scale per slot and head
+                shape, of = (num_blocks, block_size, num_kv_heads), fmt.scale_dtype
+            else:
+                shape = (num_blocks, block_size, num_kv_heads, fmt.storage_head_dim(head_dim))
+                of = fmt.dtype_of(dtype)
+            return [torch.zeros(shape, dtype=of, device=where, pin_memory=pin_memory)
                     for _ in range(num_layers)]
 
         self.block_size, self.backend, self.device = block_size, backend, torch.device(device)
@@ -34,6 +50,28 @@ class CacheEngine:
         # to and from it by DMA, and a backend may queue those copies without waiting.
         pin = self.device.type == "cuda"
         self.cpu_k, self.cpu_v = pool(num_cpu_blocks, "cpu", pin), pool(num_cpu_blocks, "cpu", pin)
+        # Tensors indexed by block: the values, and the scales of a per-token-head format.
+        self.gpu_blocks, self.cpu_blocks = [(self.gpu_k, self.gpu_v)], [(self.cpu_k, self.cpu_v)]
+        if fmt.scales == "per_token_head":
+            gpu_scales = pool(num_gpu_blocks, device, scales=True), pool(num_gpu_blocks, device,
+                                                                         scales=True)
+            cpu_scales = (pool(num_cpu_blocks, "cpu", pin, scales=True),
+                          pool(num_cpu_blocks, "cpu", pin, scales=True))
+            self.gpu_blocks.append(gpu_scales)
+            self.cpu_blocks.append(cpu_scales)
+            self.quant = KVCacheQuant(fmt.name, *gpu_scales)
+        elif fmt.scales == "per_tensor":  # [1] float32 per layer: 1.0 until calculated
+            def ones() -> list[torch.Tensor]:
+                return [torch.ones(1, device=device) for _ in range(num_layers)]
+            self.quant = KVCacheQuant(fmt.name, ones(), ones(), calculate_kv_scales)
+        else:
+            self.quant = KVCacheQuant()
+
+    def nbytes(self) -> int:
+        """Bytes of the device pool: values and scales."""
+        return sum(t.nbytes for pair in self.gpu_blocks for caches in pair for t in caches) + \
+            sum(t.nbytes for t in (*self.quant.k_scales, *self.quant.v_scales)
+                if self.quant.scales_per_tensor)
 
     # --8<-- [start:apply]
     def apply(self, blocks_to_swap_out: list[tuple[int, int]],
@@ -42,22 +80,27 @@ class CacheEngine:
         """Carry out one step's data moves: (gpu, cpu) pairs out, (cpu, gpu) pairs in, then
         the copy-on-write (src, dst) pairs."""
         ops = self.backend
+
+        def caches(pairs) -> list[torch.Tensor]:  # every block-indexed tensor, K's then V's
+            return [cache for k, v in pairs for cache in (*k, *v)]
+
         if blocks_to_swap_out:
             pairs = torch.tensor(blocks_to_swap_out)  # [N, 2]
-            for src, dst in zip((*self.gpu_k, *self.gpu_v), (*self.cpu_k, *self.cpu_v),
-                                strict=True):
+            for src, dst in zip(caches(self.gpu_blocks), caches(self.cpu_blocks), strict=True):
                 ops.swap_blocks(src, dst, pairs)
         if blocks_to_swap_in:
             pairs = torch.tensor(blocks_to_swap_in)  # [N, 2]
-            for src, dst in zip((*self.cpu_k, *self.cpu_v), (*self.gpu_k, *self.gpu_v),
-                                strict=True):
+            for src, dst in zip(caches(self.cpu_blocks), caches(self.gpu_blocks), strict=True):
                 ops.swap_blocks(src, dst, pairs)
         if blocks_to_copy:
-            ops.copy_blocks(self.gpu_k, self.gpu_v,
-                            torch.tensor(blocks_to_copy, device=self.device))  # [N, 2]
+            pairs = torch.tensor(blocks_to_copy, device=self.device)  # [N, 2]
+            for k_caches, v_caches in self.gpu_blocks:  # the values, then any scales
+                ops.copy_blocks(k_caches, v_caches, pairs)
     # --8<-- [end:apply]
 
     def fill_(self, value: float) -> None:
-        """Overwrite every slot of the device pool (tests poison unused slots with NaN)."""
-        for cache in (*self.gpu_k, *self.gpu_v):
-            cache.fill_(value)
+        """Overwrite every slot of the device pool (tests poison unused slots with NaN). An
+        integer pool cannot hold NaN: its values get the largest integer, its scales the value."""
+        for k_caches, v_caches in self.gpu_blocks:
+            for cache in (*k_caches, *v_caches):
+                cache.fill_(value if cache.is_floating_point() else torch.iinfo(cache.dtype).max)

@@ -4,12 +4,12 @@ reaches its keys and values — one sequence's cache for the teaching loop, or t
 step (``AttentionMetadata``). The model's arithmetic comes from the backend it is handed
 (``ops``); it never imports the engine or the KV bookkeeping."""
 
-from .attention import AttentionMetadata, PagedAttention
+from .attention import AttentionMetadata, KVCacheQuant, PagedAttention
 from .cache import ContiguousCache, NoCache
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, load_config
 from .loader import build_model, load_model
 from .registry import MODELS, resolve_model
 
-__all__ = ["AttentionMetadata", "ContiguousCache", "ModelConfig", "NoCache", "PagedAttention",
-           "MODELS", "SUPPORTED_MODEL_TYPES", "build_model", "load_config", "load_model",
-           "resolve_model"]
+__all__ = ["AttentionMetadata", "ContiguousCache", "KVCacheQuant", "ModelConfig", "NoCache",
+           "PagedAttention", "MODELS", "SUPPORTED_MODEL_TYPES", "build_model", "load_config",
+           "load_model", "resolve_model"]

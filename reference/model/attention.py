@@ -13,11 +13,12 @@ needs to know which one runs:
 Every context also carries the ``Backend`` whose ops (norms, rotary, activation) the layers use.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..ops import REFERENCE_BACKEND, Backend
+from ..ops.kv_quant import K_SCALE_CONSTANT, V_SCALE_CONSTANT, calculated_scale, kv_cache_format
 
 
 # --8<-- [start:metadata]
@@ -42,22 +43,68 @@ class AttentionMetadata:
 # --8<-- [end:metadata]
 
 
+# --8<-- [start:quant]
+@dataclass
+class KVCacheQuant:
+    """How the pool's values are stored (``ops/kv_quant.py``) and their scales, per layer.
+
+    kv_cache_dtype "auto" has none. fp8: k_scales[layer], v_scales[layer] are [1] float32, 1.0
+    or, with calculate_scales, set from the K/V of the first forward (the engine clears the flag
+    once that forward has finished: a failed one leaves it set, so no layer keeps a scale from a
+    batch that was thrown away). int8 / int4: [num_blocks, block_size, kv_heads] bfloat16, one
+    scale per slot and KV head, written by store_kv with the values.
+    """
+
+    kv_cache_dtype: str = "auto"
+    k_scales: list[torch.Tensor] = field(default_factory=list)
+    v_scales: list[torch.Tensor] = field(default_factory=list)
+    calculate_scales: bool = False
+
+    @property
+    def scales_per_tensor(self) -> bool:
+        return kv_cache_format(self.kv_cache_dtype).scales == "per_tensor"
+
+    def args(self, layer: int) -> tuple:
+        """(kv_cache_dtype, k_scale, v_scale): the trailing arguments of store_kv and
+        paged_attention for this layer."""
+        if not self.k_scales:
+            return (self.kv_cache_dtype, None, None)
+        return (self.kv_cache_dtype, self.k_scales[layer], self.v_scales[layer])
+
+    def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """fp8's calculate_kv_scales: this layer's scales from the batch's real K/V rows."""
+        self.k_scales[layer].copy_(calculated_scale(k, K_SCALE_CONSTANT))
+        self.v_scales[layer].copy_(calculated_scale(v, V_SCALE_CONSTANT))
+# --8<-- [end:quant]
+
+
 # --8<-- [start:paged_context]
 class PagedAttention:
     """The engine's attention context: store the step's K/V by slot, then paged attention."""
 
     def __init__(self, metadata: AttentionMetadata, k_caches: list[torch.Tensor],
-                 v_caches: list[torch.Tensor], backend: Backend = REFERENCE_BACKEND):
+                 v_caches: list[torch.Tensor], backend: Backend = REFERENCE_BACKEND,
+                 quant: KVCacheQuant | None = None):
         self.metadata, self.k_caches, self.v_caches = metadata, k_caches, v_caches
-        self.backend = backend
+        self.backend, self.quant = backend, quant or KVCacheQuant()
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the step's new K/V [T, kv_heads, head_dim] at their slots, as the pool stores
+        them (quantized for a quantized kv_cache_dtype)."""
+        md = self.metadata
+        if self.quant.calculate_scales:
+            real = md.slot_mapping >= 0  # [T]: padding rows must not set a scale
+            self.quant.calibrate(layer, k[real], v[real])
+        self.backend.store_kv(k, v, self.k_caches[layer], self.v_caches[layer], md.slot_mapping,
+                              *self.quant.args(layer))
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor, scale: float,
                sliding_window: int | None = None) -> torch.Tensor:
         """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
-        md, ops = self.metadata, self.backend
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        ops.store_kv(k, v, k_cache, v_cache, md.slot_mapping)
-        return ops.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens_cpu,
-                                   md.query_start_loc_cpu, scale, sliding_window)
+        md = self.metadata
+        self.store(layer, k, v)
+        return self.backend.paged_attention(
+            q, self.k_caches[layer], self.v_caches[layer], md.block_tables, md.seq_lens_cpu,
+            md.query_start_loc_cpu, scale, sliding_window, *self.quant.args(layer))
 # --8<-- [end:paged_context]

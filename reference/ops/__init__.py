@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .activation import silu_and_mul
 from .attention import causal_attention, gather_kv, paged_attention
 from .cache_ops import copy_blocks, store_kv, swap_blocks
+from .kv_quant import KV_CACHE_DTYPES, KVCacheFormat, dequantize_kv, kv_cache_format, quantize_kv
 from .layernorm import rms_norm
 from .rotary import rotary
 from .sampling import SamplerOutput, SamplingMetadata, sample
@@ -34,6 +35,7 @@ class Backend:
 
 REFERENCE_BACKEND = Backend()
 
-__all__ = ["Backend", "REFERENCE_BACKEND", "SamplerOutput", "SamplingMetadata",
-           "causal_attention", "copy_blocks", "gather_kv", "paged_attention", "rms_norm",
-           "rotary", "sample", "silu_and_mul", "store_kv", "swap_blocks"]
+__all__ = ["Backend", "KVCacheFormat", "KV_CACHE_DTYPES", "REFERENCE_BACKEND", "SamplerOutput",
+           "SamplingMetadata", "causal_attention", "copy_blocks", "dequantize_kv", "gather_kv",
+           "kv_cache_format", "paged_attention", "quantize_kv", "rms_norm", "rotary", "sample",
+           "silu_and_mul", "store_kv", "swap_blocks"]

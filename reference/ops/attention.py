@@ -15,6 +15,8 @@ the blocks in place, one tile at a time (lessons: the PagedAttention kernel, Fla
 
 import torch
 
+from .kv_quant import dequantize_kv, kv_cache_format
+
 
 # --8<-- [start:causal_attention]
 def causal_attention(
@@ -66,11 +68,24 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 # --8<-- [end:gather]
 
 
+# --8<-- [start:read_kv]
+def read_kv(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
+            seq_len: int, kv_cache_dtype: str, dtype: torch.dtype) -> torch.Tensor:
+    """gather_kv, then dequantized: this sequence's [seq_len, kv_heads, head_dim] in dtype."""
+    rows = gather_kv(cache, block_table, seq_len)  # [seq_len, kv_heads, stored]
+    if kv_cache_format(kv_cache_dtype).scales == "per_token_head":
+        scales = gather_kv(scales, block_table, seq_len)  # [seq_len, kv_heads]: the rows' own
+    return dequantize_kv(rows, scales, kv_cache_dtype, dtype)
+# --8<-- [end:read_kv]
+
+
 # --8<-- [start:paged_attention]
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
-                    sliding_window: int | None = None) -> torch.Tensor:
+                    sliding_window: int | None = None, kv_cache_dtype: str = "auto",
+                    k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Varlen attention of a flat batch of queries over the paged cache: decodes batched
     together (decode_attention), prompts and chunks one sequence at a time.
 
@@ -81,21 +96,26 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     seq_lens and query_start_loc only give loop bounds here: pass them on the CPU (the step's
     inputs keep a host copy) and the loop costs no device synchronisation.
+
+    A quantized cache (kv_cache_dtype, with store_kv's k_scale / v_scale) is dequantized as it
+    is read: only the rows a sequence attends to, never the whole pool.
     """
+    quant = (kv_cache_dtype, k_scale, v_scale)
     out = torch.zeros_like(q)  # [T, heads, head_dim]; padding rows past the last sequence: 0
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     decodes = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
     if decodes:  # one query each: all of them at once (the common case of a busy engine)
         rows = torch.tensor([starts[b] for b in decodes], device=q.device)
         out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[decodes],
-                                     seq_lens[decodes].to(q.device), scale, sliding_window)
+                                     seq_lens[decodes].to(q.device), scale, sliding_window,
+                                     *quant)
     for b, seq_len in enumerate(lens):  # prompts and chunks: one sequence at a time
         q_len = starts[b + 1] - starts[b]
         if q_len <= 1:
             continue
         rows = slice(starts[b], starts[b + 1])
-        keys = gather_kv(k_cache, block_tables[b], seq_len)  # [seq_len, kv_heads, head_dim]
-        values = gather_kv(v_cache, block_tables[b], seq_len)
+        keys, values = (read_kv(cache, scales, block_tables[b], seq_len, kv_cache_dtype, q.dtype)
+                        for cache, scales in ((k_cache, k_scale), (v_cache, v_scale)))
         k_positions = torch.arange(seq_len, device=q.device)  # [seq_len]
         q_positions = k_positions[seq_len - q_len:]  # the queries are the last q_len tokens
         out[rows] = causal_attention(q[rows], keys, values, q_positions, k_positions, scale,
@@ -107,7 +127,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 # --8<-- [start:decode_attention]
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     sliding_window: int | None = None) -> torch.Tensor:
+                     sliding_window: int | None = None, kv_cache_dtype: str = "auto",
+                     k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One query per sequence, each at position seq_len - 1: q [B, heads, head_dim].
 
     Reads every sequence's keys at once through the slot of each key position, [B, L] slots
@@ -126,9 +148,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # Positions a sequence never filled read its first slot instead: masked below, and never a
     # stale value (a NaN there times a zero probability would still be NaN).
     slots = torch.where(visible, slots, slots[:, :1])  # [B, L]
-    # Per K/V head, the slots' rows: [kv_heads, B, L, head_dim], each row one contiguous read.
-    keys = k_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)[:, slots]
-    values = v_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)[:, slots]
+    # Per K/V head, the slots' rows: [kv_heads, B, L, head_dim], each row one contiguous read
+    # (and dequantized, with the slots' own scales for int8 / int4).
+    per_row = kv_cache_format(kv_cache_dtype).scales == "per_token_head"
+
+    def read(cache, scales):
+        rows = cache.view(-1, num_kv_heads, cache.shape[-1]).transpose(0, 1)[:, slots]
+        if per_row:
+            scales = scales.view(-1, num_kv_heads).transpose(0, 1)[:, slots]  # [kvh, B, L]
+        return dequantize_kv(rows, scales, kv_cache_dtype, q.dtype)
+
+    keys, values = read(k_cache, k_scale), read(v_cache, v_scale)
     q = q.view(B, num_kv_heads, group, head_dim).transpose(0, 1)  # [kv_heads, B, group, hd]
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scale  # [kv_heads, B, group, L]
     scores = scores.masked_fill(~visible[None, :, None, :], float("-inf"))

@@ -3,23 +3,37 @@
 The cache is one tensor per layer and kind, [num_blocks, block_size, kv_heads, head_dim]; a
 token's slot is its row in the flat view [num_blocks * block_size, kv_heads, head_dim]. Which
 slot a token takes is decided by bookkeeping (the block table); these functions only move data.
+
+A quantized cache (``kv_quant.py``) stores fewer bits per value: store_kv quantizes on the way
+in, and per-token-head formats keep a scale per slot and KV head in a second tensor of the same
+block layout, [num_blocks, block_size, kv_heads], which copy_blocks and swap_blocks move like
+any other cache (they work on whole blocks of any tensor).
 """
 
 import torch
 
+from .kv_quant import quantize_kv
+
 
 # --8<-- [start:store_kv]
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
+             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     """Write the step's new K and V rows [T, kv_heads, head_dim] at their slots [T].
 
-    A slot of -1 marks a row whose K/V must not be kept (padding): it is skipped.
+    A slot of -1 marks a row whose K/V must not be kept (padding): it is skipped. A quantized
+    kv_cache_dtype stores the rows quantized: fp8 divides by the layer's k_scale / v_scale [1];
+    int8 and int4 compute each row's scale and write it at the same slot of k_scale / v_scale
+    [num_blocks, block_size, kv_heads].
     """
     keep = slot_mapping >= 0  # [T]
     if not bool(keep.all()):
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = k  # flat view: one row per slot
-    v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        data, row_scales = quantize_kv(x, kv_cache_dtype, scale)  # [T, kvh, stored], [T, kvh]
+        cache.view(-1, *cache.shape[2:])[slot_mapping] = data  # flat view: one row per slot
+        if row_scales is not None:
+            scale.view(-1, scale.shape[2])[slot_mapping] = row_scales
 # --8<-- [end:store_kv]
 
 

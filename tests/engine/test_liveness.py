@@ -108,12 +108,14 @@ def test_a_swapped_parallel_group_asks_only_for_what_it_needs():
     assert kv.num_free_blocks == 2
 
 
-@pytest.mark.parametrize("op, after", [("paged_attention", 7), ("sample", 3),
-                                       ("copy_blocks", 1), ("swap_blocks", 1)])
-def test_a_failing_step_leaves_the_engine_usable(checkpoints, op, after):
+@pytest.mark.parametrize("op, after, kv_cache_dtype", [
+    ("paged_attention", 7, "auto"), ("sample", 3, "auto"), ("copy_blocks", 1, "auto"),
+    ("swap_blocks", 1, "auto"), ("store_kv", 5, "int4"), ("copy_blocks", 1, "int8"),
+    ("swap_blocks", 1, "fp8")])
+def test_a_failing_step_leaves_the_engine_usable(checkpoints, op, after, kv_cache_dtype):
     path = checkpoints["llama"]
     kwargs = dict(block_size=2, num_gpu_blocks=24, preemption_mode="swap",
-                  swap_space_blocks=64)
+                  swap_space_blocks=64, kv_cache_dtype=kv_cache_dtype)
     llm = LLM(path, backend=failing_backend(op, after), **kwargs)
     prompts = [{"prompt_token_ids": list(range(3 + i, 12 + i))} for i in range(3)]
     params = SamplingParams(n=2, temperature=0.9, seed=1, max_tokens=8, ignore_eos=True)

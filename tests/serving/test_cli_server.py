@@ -24,15 +24,17 @@ def test_serve_flags_and_default_bind():
         "--max-num-batched-tokens", "512", "--max-model-len", "256", "--block-size", "8",
         "--gpu-memory-utilization", "0.8", "--swap-space", "1", "--preemption-mode", "swap",
         "--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager", "--seed", "3",
-        "--dtype", "bfloat16", "--tier", "reference", "--api-key", "k"])
+        "--dtype", "bfloat16", "--tier", "reference", "--api-key", "k", "--kv-cache-dtype", "fp8",
+        "--calculate-kv-scales"])
     assert (args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len) == (8, 512, 256)
+    assert args.kv_cache_dtype == "fp8" and args.calculate_kv_scales
 
 
 def test_python_m_pagedllm_serving_with_a_small_pool():
     server = subprocess.Popen(
         [sys.executable, "-m", "pagedllm.serving", "--port", "0", "--block-size", "4",
          "--num-gpu-blocks-override", "24", "--enable-prefix-caching", "--max-num-seqs", "8",
-         "--uvicorn-log-level", "warning"],
+         "--kv-cache-dtype", "int8", "--uvicorn-log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = server.stdout.readline()
@@ -58,6 +60,9 @@ def test_python_m_pagedllm_serving_with_a_small_pool():
         assert value(m, "prefix_cache_hits_total") > 0
         assert 0 < value(m, "gpu_prefix_cache_hit_rate") <= 1
         assert value(m, "prefix_cache_queries_total") >= value(m, "prefix_cache_hits_total")
+        # the tiny model in int8: 2 x 4 layers x 2 KV heads x (32 values + a 2-byte scale)
+        assert value(m, "kv_cache_bytes_per_token") == 2 * 4 * 2 * (32 + 2)
+        assert value(m, "kv_cache_capacity_tokens") == 24 * 4
         assert httpx.get(url + "/health").status_code == 200
     finally:
         server.terminate()

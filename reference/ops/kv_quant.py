@@ -1,0 +1,181 @@
+"""Quantizing the KV cache: what a quantized pool stores, and the definitions the kernels match.
+
+A token's K (and V) for one KV head is head_dim numbers. Stored in the model's dtype they cost
+2 bytes each (bf16/fp16 on a GPU, 4 in float32). Stored in fewer bits, more tokens fit in the
+same memory, at the price of a rounding error in every key and value attention reads:
+
+    kv_cache_dtype  stored as                       scale                          bytes/element
+    auto            the model's dtype                none                           2 (4 in fp32)
+    fp8_e4m3        float8: 4 exponent, 3 mantissa   one per layer for K, one for V  1
+    fp8_e5m2        float8: 5 exponent, 2 mantissa   one per layer for K, one for V  1
+    int8            integer in [-127, 127]           one per token and KV head       1
+    int4            integer in [-7, 7], two per byte one per token and KV head       1/2
+
+A floating-point format keeps a relative error whatever the magnitude (e4m3: 3 mantissa bits,
+half a step is 2**-4 = 6.25 % at worst; e5m2: 12.5 %), down to its smallest normal number, but
+it has a largest one: 448 for e4m3, 57344 for e5m2. A per-tensor scale (vLLM's k_scale, v_scale)
+divides every value before it is stored, so that the layer's largest value lands inside the
+range. With the default scale of 1.0 a key of 600 is clipped to 448 (and vLLM only warns);
+``calculate_kv_scales`` sets the scales from the first batch instead.
+
+An integer format has a uniform step: scale / 1 between neighbours, so an error of at most half a
+step, where step = (largest |value| of the group) / 127 for int8, / 7 for int4. One scale per
+token and KV head (computed when the token is written, stored beside its block) keeps the
+groups small, so one token's outlier cannot coarsen another token's step. The scheme is
+symmetric (no zero point): a zero point would cost 2 more bytes per token and head — with
+head_dim 64, int8 would keep 1.88x the tokens of bf16 instead of 1.94x — and attention could no
+longer apply the scale to a whole dot product, q · (s k) = s (q · k). Scales are bfloat16:
+float32's range (a float16 scale underflows for groups of tiny values) in 2 bytes.
+
+int4 packs two values per byte: byte j of a row holds element j in its low 4 bits and element
+j + head_dim / 2 in its high 4 bits, each as value + 8 (so 1..15). Splitting the row into halves,
+not neighbours, lets a kernel unpack a tile with two shifts and attend with two half-width
+matrix products.
+
+Rounding is floor(y + 0.5) (half up), written out so that a kernel does exactly the same
+(torch.round rounds half to even); division by the scale is IEEE division in both.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+SCALE_DTYPE = torch.bfloat16  # per-token-head scales
+# vLLM's calculate_kv_scales: scale = largest |value| of the first batch / these, so that values
+# up to 448 / 200 = 2.2x the calibration batch's largest key still fit e4m3.
+K_SCALE_CONSTANT, V_SCALE_CONSTANT = 200.0, 100.0
+
+
+# --8<-- [start:format]
+@dataclass(frozen=True)
+class KVCacheFormat:
+    """How one kv_cache_dtype stores a [head_dim] row of K or V."""
+
+    name: str  # auto | fp8_e4m3 | fp8_e5m2 | int8 | int4
+    storage_dtype: torch.dtype | None  # None: the model's dtype
+    scales: str  # "none" | "per_tensor" | "per_token_head"
+    qmax: float  # the largest magnitude stored (448, 57344, 127, 7); 0 for auto
+    values_per_byte: int = 1  # int4: 2
+
+    def storage_head_dim(self, head_dim: int) -> int:
+        """Elements of the storage dtype per [head_dim] row."""
+        return head_dim // self.values_per_byte if self.values_per_byte > 1 else head_dim
+
+    def dtype_of(self, model_dtype: torch.dtype) -> torch.dtype:
+        return self.storage_dtype or model_dtype
+
+    scale_dtype = SCALE_DTYPE  # of per-token-head scales
+
+    def bytes_per_token_head(self, head_dim: int, model_dtype_bytes: int) -> int:
+        """Bytes one token costs for one KV head and one of K or V, its scale included."""
+        item = self.storage_dtype.itemsize if self.storage_dtype else model_dtype_bytes
+        scale = SCALE_DTYPE.itemsize if self.scales == "per_token_head" else 0
+        return self.storage_head_dim(head_dim) * item + scale
+# --8<-- [end:format]
+
+
+def _fp8(attr: str) -> torch.dtype | None:
+    return getattr(torch, attr, None)  # None on a torch without float8 dtypes
+
+
+KV_CACHE_FORMATS = {
+    "auto": KVCacheFormat("auto", None, "none", 0.0),
+    "fp8_e4m3": KVCacheFormat("fp8_e4m3", _fp8("float8_e4m3fn"), "per_tensor", 448.0),
+    "fp8_e5m2": KVCacheFormat("fp8_e5m2", _fp8("float8_e5m2"), "per_tensor", 57344.0),
+    "int8": KVCacheFormat("int8", torch.int8, "per_token_head", 127.0),
+    "int4": KVCacheFormat("int4", torch.uint8, "per_token_head", 7.0, values_per_byte=2),
+}
+KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}  # vLLM's names
+KV_CACHE_DTYPES = (*KV_CACHE_FORMATS, *KV_CACHE_ALIASES)
+
+
+def kv_cache_format(kv_cache_dtype: str) -> KVCacheFormat:
+    """The format of a kv_cache_dtype name (vLLM's names; "fp8" means "fp8_e4m3")."""
+    name = KV_CACHE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
+    if not isinstance(kv_cache_dtype, str) or name not in KV_CACHE_FORMATS:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                         f"{kv_cache_dtype!r}")
+    return KV_CACHE_FORMATS[name]
+
+
+def round_half_up(y: torch.Tensor) -> torch.Tensor:
+    return torch.floor(y + 0.5)
+
+
+# --8<-- [start:fp8]
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: KVCacheFormat) -> torch.Tensor:
+    """x [...] -> fp8 [...]: x / scale, clipped to the format's range (saturate, never inf/NaN),
+    then rounded to the nearest fp8 value. scale: [1] float32, the layer's k_scale or v_scale."""
+    y = x.float() / scale  # [...]
+    return y.clamp(-fmt.qmax, fmt.qmax).to(fmt.storage_dtype)
+
+
+def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (data.float() * scale).to(dtype)
+# --8<-- [end:fp8]
+
+
+# --8<-- [start:per_token_head]
+def quantize_per_token_head(x: torch.Tensor, fmt: KVCacheFormat
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., head_dim] -> (data, scale): one scale per row (a token's K or V for one KV head).
+
+    scale = largest |x| of the row / qmax, rounded to bfloat16 (what is stored), and the values
+    are divided by the stored scale, so that dequantizing with it is off by at most half a step:
+    |x - data * scale| <= scale / 2. A row of zeros gets scale 1 (any scale stores zeros).
+    int8: data int8 [..., head_dim]; int4: data uint8 [..., head_dim / 2], two values per byte.
+    """
+    x = x.float()
+    amax = x.abs().amax(dim=-1)  # [...]
+    scale = (amax / fmt.qmax).to(SCALE_DTYPE)  # [...]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = round_half_up(x / scale.float()[..., None]).clamp(-fmt.qmax, fmt.qmax)  # [..., hd]
+    if fmt.values_per_byte == 1:
+        return q.to(torch.int8), scale
+    half = x.shape[-1] // 2
+    nibbles = (q + 8).to(torch.uint8)  # [..., hd], each in 1..15
+    return nibbles[..., :half] | (nibbles[..., half:] << 4), scale  # [..., hd / 2]
+
+
+def dequantize_per_token_head(data: torch.Tensor, scale: torch.Tensor, fmt: KVCacheFormat,
+                              dtype: torch.dtype) -> torch.Tensor:
+    """(data [..., stored], scale [...]) -> [..., head_dim] in dtype."""
+    if fmt.values_per_byte == 1:
+        q = data.float()
+    else:  # low nibbles are the first half of the row, high nibbles the second
+        q = torch.cat([data & 0xF, data >> 4], dim=-1).float() - 8  # [..., hd]
+    return (q * scale.float()[..., None]).to(dtype)
+# --8<-- [end:per_token_head]
+
+
+# --8<-- [start:dispatch]
+def quantize_kv(x: torch.Tensor, kv_cache_dtype: str, scale: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [T, kv_heads, head_dim] -> (what the cache stores, the per-token-head scales or None).
+    fp8 takes the layer's per-tensor scale."""
+    fmt = kv_cache_format(kv_cache_dtype)
+    if fmt.scales == "none":
+        return x, None
+    if fmt.scales == "per_tensor":
+        return quantize_fp8(x, scale, fmt), None
+    return quantize_per_token_head(x, fmt)
+
+
+def dequantize_kv(data: torch.Tensor, scale: torch.Tensor | None, kv_cache_dtype: str,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """What the cache stores (rows [..., stored]) -> values [..., head_dim] in dtype. scale: the
+    rows' per-token-head scales [...], or the layer's per-tensor scale [1] for fp8."""
+    fmt = kv_cache_format(kv_cache_dtype)
+    if fmt.scales == "none":
+        return data.to(dtype)
+    if fmt.scales == "per_tensor":
+        return dequantize_fp8(data, scale, dtype)
+    return dequantize_per_token_head(data, scale, fmt, dtype)
+# --8<-- [end:dispatch]
+
+
+def calculated_scale(x: torch.Tensor, constant: float) -> torch.Tensor:
+    """fp8's per-tensor scale from a calibration batch x: largest |x| / constant ([1] float32;
+    1.0 when the batch is all zeros)."""
+    amax = x.float().abs().amax().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
+    return torch.where(amax > 0, amax / constant, torch.ones_like(amax))
