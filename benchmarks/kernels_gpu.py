@@ -170,8 +170,9 @@ def bench_kv_dtypes(bench: Bench, sizes: dict, rows: list):
                     if fmt.scales == "per_tensor":
                         scales = (torch.full((1,), 0.05, device=dev),) * 2
                     else:
-                        scales = tuple(torch.empty(k_cache.shape[:3], dtype=fmt.scale_dtype,
-                                                   device=dev) for _ in range(2))
+                        shape = (*k_cache.shape[:3], *((2,) if fmt.zero_point else ()))
+                        scales = tuple(torch.empty(shape, dtype=fmt.scale_dtype, device=dev)
+                                       for _ in range(2))
                     flat = [c.view(-1, kv_heads, head_dim) for c in (k_cache, v_cache)]
                     store_kv(*flat, *caches, slots, name, *scales)  # the twin quantizes
                     quant = (name, *scales)

@@ -307,7 +307,9 @@ def _attention(dtype, head_dim, heads, kv_heads, seqs, window=None, kv_cache_dty
         if fmt.scales == "per_tensor":
             scales = torch.tensor([0.02]), torch.tensor([0.03])
         else:
-            scales = tuple((torch.rand(shape[:3]) / 50).to(torch.bfloat16) for _ in range(2))
+            pair = (2,) if fmt.zero_point else ()  # int4: (scale, zero) pairs
+            scales = tuple((torch.rand(*shape[:3], *pair) / 50).to(torch.bfloat16)
+                           for _ in range(2))
         rows = torch.randn(2, 3, kv_heads, head_dim).to(dtype)  # store_kv's launch at this shape
         store_kv(rows[0], rows[1], k, v, torch.tensor([0, -1, 17]), kv_cache_dtype, *scales)
         quant = (kv_cache_dtype, *scales)
@@ -426,7 +428,8 @@ def _real_small_op_shapes():
                    for _ in range(2)] for _ in range(2)]
         copy_blocks(*values, torch.tensor([[0, 2], [1, 3]]))
         if fmt.scales == "per_token_head":
-            scales = [[torch.ones(shape[:3], dtype=torch.bfloat16) for _ in range(2)]
+            pair = (2,) if fmt.zero_point else ()  # int4: (scale, zero) pairs
+            scales = [[torch.ones(*shape[:3], *pair, dtype=torch.bfloat16) for _ in range(2)]
                       for _ in range(2)]
             copy_blocks(*scales, torch.tensor([[0, 2], [1, 3]]))
 

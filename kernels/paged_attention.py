@@ -85,18 +85,27 @@ int8 values, or two int4 values per byte, and the kernel dequantizes each tile i
 right after loading it: never a dequantized copy of the cache, so attention reads a half (fp8,
 int8) or a quarter (int4) of a bf16 pool's bytes. What keeps it cheap is where the scales go.
 
-- int8 and int4 keep one scale per token and KV head, that is one per *key column* of a tile:
+- int8 keeps one scale per token and KV head, that is one per *key column* of a tile:
   k_j = s_j * k_int_j, so ``q . k_j = s_j * (q . k_int_j)``. The tile of small integers goes into
   the matrix product as it is (converted to q's dtype, which holds them exactly), and the
   product's [BLOCK_M, TILE_N] scores are multiplied column by column by the scales of the
   tile's keys. V the same way, from the other side: ``sum_j p_j (s_j v_int_j) = sum_j (p_j s_j)
   v_int_j``, so the probabilities are scaled before the P.V product (the softmax's sum l is
   still that of the unscaled p).
+- int4 is asymmetric: a scale and a zero per token and KV head, k_j = s_j * k_int_j + z_j
+  (k_int in 0..15, the same z_j added to every element of the row). The zero point costs one
+  term per score and one per output row, both outside the matrix products:
+  ``q . k_j = s_j * (q . k_int_j) + z_j * sum_d q_d``, where sum_d q_d is computed once per query
+  row before the loop; and ``sum_j p_j (s_j v_int_j + z_j) = sum_j (p_j s_j) v_int_j +
+  sum_j p_j z_j``, the last a number per query row, the same for every element of the output:
+  it is kept as a running sum (rescaled by alpha like acc) and added to every column of the
+  output at the end. The Hadamard rotation int4 caches are stored in is applied to q, k and v
+  outside this kernel (the attention context), which sees rotated rows and does not know.
 - int4 stores element d of a row in the low nibble of byte d and element d + head_dim / 2 in
-  the high nibble. One load of the [head_dim / 2, TILE_N] bytes gives two tiles, ``(b & 15) -
-  8`` and ``(b >> 4) - 8``: the first and second halves of the keys. q is loaded as two halves
-  too, and q . k is the sum of two half-width products; for V, the two halves of the output
-  are accumulated apart (acc_lo, acc_hi) and stored side by side.
+  the high nibble. One load of the [head_dim / 2, TILE_N] bytes gives two tiles, ``b & 15`` and
+  ``b >> 4``: the first and second halves of the keys. q is loaded as two halves too, and
+  q . k_int is the sum of two half-width products; for V, the two halves of the output are
+  accumulated apart (acc_lo, acc_hi; both get the zero-point term) and stored side by side.
 - fp8 keeps one scale per layer for K and one for V: k_scale joins the softmax scale, v_scale
   multiplies the output once. The tile is read as bytes and widened by bit arithmetic: an fp8
   number is the top of an fp16 one (e5m2 exactly the upper byte; e4m3 a 3-bit mantissa and a
@@ -104,8 +113,9 @@ int8) or a quarter (int4) of a bf16 pool's bytes. What keeps it cheap is where t
   bias), so the conversion is exact and needs no fp8 support from the GPU: an A100, which
   Triton gives no e4m3 type, runs it like an H100.
 
-Slots a sequence never wrote (stale, or NaN scales in the tests) are masked before any load, as
-for an unquantized cache; a masked scale loads as 0, and a masked key's score is -inf anyway.
+Slots a sequence never wrote (stale, or NaN scales and zeros in the tests) are masked before any
+load, as for an unquantized cache; a masked scale or zero loads as 0, and a masked key's score
+is -inf anyway.
 
 What the launcher needs on the host
 -----------------------------------
@@ -168,18 +178,21 @@ def _dequantize(x, KV_FORMAT: tl.constexpr, dtype: tl.constexpr):
 
 @triton.jit
 def _nibbles(b, HIGH: tl.constexpr, dtype: tl.constexpr):
-    """int4 bytes (uint8 tile) to the values of their low (HIGH False) or high nibbles."""
+    """int4 bytes (uint8 tile) to the values 0..15 of their low (HIGH False) or high nibbles."""
     b = b.to(tl.int32)
     if HIGH:
         b = b >> 4
-    return ((b & 15) - 8).to(tl.float32).to(dtype)
+    return (b & 15).to(tl.float32).to(dtype)
 
 
 @triton.jit
-def _load_scales(scale_ptr, block, slot, kv_head, stride_sb, stride_ss, k_ok):
-    """The per-token-head scales of a tile's keys [TILE_N], bf16 to fp32 by their bits (0 for
-    masked keys: a NaN-poisoned unused slot is never read)."""
-    s = tl.load(scale_ptr + block * stride_sb + slot * stride_ss + kv_head, mask=k_ok, other=0.0)
+def _load_scales(scale_ptr, block, slot, kv_head, stride_sb, stride_ss, stride_sh, k_ok,
+                 OFFSET: tl.constexpr = 0):
+    """The per-token-head scales of a tile's keys [TILE_N] (int4: OFFSET 0 the scales, 1 the
+    zeros), bf16 to fp32 by their bits (0 for masked keys: a NaN-poisoned unused slot is never
+    read)."""
+    s = tl.load(scale_ptr + block * stride_sb + slot * stride_ss + kv_head * stride_sh + OFFSET,
+                mask=k_ok, other=0.0)
     return (s.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 # --8<-- [end:dequantize]
 
@@ -193,7 +206,8 @@ def _paged_attention_kernel(
     q_ptr,  # [T, heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, kv_heads, stored]: stored = head_dim (int4: / 2)
     v_cache_ptr,  # [num_blocks, block_size, kv_heads, stored]
-    k_scale_ptr,  # fp8: [1] fp32; int8, int4: [num_blocks, block_size, kv_heads] bf16
+    k_scale_ptr,  # fp8: [1] fp32; int8: [num_blocks, block_size, kv_heads] bf16; int4:
+                  # [num_blocks, block_size, kv_heads, 2] bf16, (scale, zero)
     v_scale_ptr,  # the same for V (auto: unused)
     block_tables_ptr,  # [B, max_blocks]
     seq_lens_ptr,  # [B]
@@ -207,7 +221,8 @@ def _paged_attention_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_bt,
-    stride_sb, stride_ss,  # the per-token-head scales' block and slot strides (head: 1)
+    stride_sb, stride_ss, stride_sh,  # the per-token-head scales' block, slot, head strides
+                                      # (int4: the pair's own stride is 1)
     HEAD_DIM: tl.constexpr,  # head_dim
     HEAD_PAD: tl.constexpr,  # head_dim rounded up to a power of two (int4: two halves of >= 16)
     BLOCK_SIZE: tl.constexpr,  # cache block size (tokens)
@@ -281,6 +296,8 @@ def _paged_attention_kernel(
                        other=0.0).to(q.dtype)  # [BLOCK_M, HEAD_PAD / 2]
         q_hi = tl.load(q_rows[:, None] + HALF + halves[None, :],
                        mask=row_ok[:, None] & half_ok[None, :], other=0.0).to(q.dtype)
+        # sum_d q_d, for the zero points' term z_j * sum_d q_d of every score
+        q_sum = tl.sum(q_lo.to(tl.float32), axis=1) + tl.sum(q_hi.to(tl.float32), axis=1)
 
     # --8<-- [start:key_range]
     # -- the keys this block of queries may see, and this split's share of their tiles ----------
@@ -306,6 +323,7 @@ def _paged_attention_kernel(
     if INT4:  # the two halves of acc, kept apart (acc itself is then unused)
         acc_lo = tl.zeros([BLOCK_M, HEAD_PAD // 2], dtype=tl.float32)
         acc_hi = tl.zeros([BLOCK_M, HEAD_PAD // 2], dtype=tl.float32)
+        acc_zero = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum_j p_j z_j of V's zeros
     table = block_tables_ptr + seg.to(tl.int64) * stride_bt
     offs_n = tl.arange(0, TILE_N)
 
@@ -331,15 +349,20 @@ def _paged_attention_kernel(
             v = _dequantize(v, KV_FORMAT, q.dtype)
         # --8<-- [end:tile_addresses]
 
-        if INT4:  # q . k = q_lo . k_lo + q_hi . k_hi
+        if INT4:  # q . k = s_j (q_lo . k_lo + q_hi . k_hi) + z_j sum_d q_d
             s = tl.dot(q_lo, _nibbles(k, False, q.dtype), input_precision=DOT_PRECISION)
             s += tl.dot(q_hi, _nibbles(k, True, q.dtype), input_precision=DOT_PRECISION)
+            k_s = _load_scales(k_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
+                               stride_sh, k_ok)
+            k_z = _load_scales(k_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
+                               stride_sh, k_ok, 1)
+            s = (s * k_s[None, :] + q_sum[:, None] * k_z[None, :]) * qk_scale
         else:
             s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-        s = s * qk_scale
-        if PER_TOKEN:  # each key column times its own scale
-            s = s * _load_scales(k_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
-                                 k_ok)[None, :]
+            s = s * qk_scale
+            if PER_TOKEN:  # each key column times its own scale
+                s = s * _load_scales(k_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
+                                     stride_sh, k_ok)[None, :]
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if SLIDING:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
@@ -350,9 +373,13 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)  # rescales what was summed against the old max
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if INT4:  # sum_j p_j z_j: V's zeros, one number per row (p of masked keys is 0)
+            acc_zero = acc_zero * alpha + tl.sum(
+                p * _load_scales(v_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
+                                 stride_sh, k_ok, 1)[None, :], axis=1)
         if PER_TOKEN:  # sum_j p_j (s_j v_j) = sum_j (p_j s_j) v_j; l keeps the unscaled p
             p = p * _load_scales(v_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
-                                 k_ok)[None, :]
+                                 stride_sh, k_ok)[None, :]
         p = p.to(q.dtype)
         if INT4:
             acc_lo = acc_lo * alpha[:, None] + tl.dot(p, _nibbles(v, False, q.dtype),
@@ -376,12 +403,14 @@ def _paged_attention_kernel(
         factor = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     if FP8:
         factor = factor * tl.load(v_scale_ptr)  # sum_j p_j (v_scale v_j) = v_scale sum_j p_j v_j
-    if INT4:  # the halves side by side: element d, then d + HEAD_DIM / 2
+    if INT4:  # the halves side by side: element d, then d + HEAD_DIM / 2, both plus V's zeros
         mask = row_ok[:, None] & half_ok[None, :]
         tl.store(dst[:, None] + halves[None, :],
-                 (acc_lo * factor[:, None]).to(dst.dtype.element_ty), mask=mask)
+                 ((acc_lo + acc_zero[:, None]) * factor[:, None]).to(dst.dtype.element_ty),
+                 mask=mask)
         tl.store(dst[:, None] + HALF + halves[None, :],
-                 (acc_hi * factor[:, None]).to(dst.dtype.element_ty), mask=mask)
+                 ((acc_hi + acc_zero[:, None]) * factor[:, None]).to(dst.dtype.element_ty),
+                 mask=mask)
     else:
         tl.store(dst[:, None] + dims[None, :], (acc * factor[:, None]).to(dst.dtype.element_ty),
                  mask=row_ok[:, None] & dim_ok[None, :])
@@ -486,8 +515,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Returns [T, heads, head_dim] in q's dtype; rows past query_start_loc[B] are 0.
 
     A quantized cache, as ``store_kv`` writes it: kv_cache_dtype and the caches in the format's
-    dtype (int4: head_dim / 2 bytes a row), with k_scale, v_scale [1] float32 for fp8 or the
-    per-token-head scales [num_blocks, block_size, kv_heads] bfloat16 for int8 and int4.
+    dtype (int4: head_dim / 2 bytes a row), with k_scale, v_scale [1] float32 for fp8, the
+    per-token-head scales [num_blocks, block_size, kv_heads] bfloat16 for int8, or the
+    per-token-head (scale, zero) pairs [num_blocks, block_size, kv_heads, 2] bfloat16 for int4.
 
     Keyword-only, for tests and benchmarks (None: the heuristics choose): ``num_splits`` key
     splits (1: single pass; > 1: flash-decoding with its combine kernel, any batch); ``block_m``
@@ -530,7 +560,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     block_tables = block_tables.contiguous()  # no-op when already contiguous
     seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
-    stride_sb = stride_ss = 0
+    stride_sb = stride_ss = stride_sh = 0
     if fmt.name != "auto":
         if k_cache.dtype != fmt.storage_dtype or k_cache.shape[-1] * fmt.values_per_byte != \
                 head_dim:  # (int4 needs an even head_dim)
@@ -542,10 +572,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if fmt.scales == "per_tensor":  # read as bytes, widened in the kernel (module docstring)
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     elif fmt.scales == "per_token_head":
-        if k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1:
-            raise ValueError("k_scale and v_scale: [num_blocks, block_size, kv_heads] tensors "
-                             "of one layout, heads contiguous")
-        stride_sb, stride_ss = k_scale.stride(0), k_scale.stride(1)
+        pair = (2,) if fmt.zero_point else ()  # int4: (scale, zero)
+        if (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1
+                or k_scale.shape != v_scale.shape
+                or k_scale.shape != (*k_cache.shape[:3], *pair)):
+            raise ValueError(f"k_scale and v_scale: [num_blocks, block_size, kv_heads"
+                             f"{', 2' if pair else ''}] tensors of one layout, last dimension "
+                             f"contiguous")
+        stride_sb, stride_ss, stride_sh = k_scale.stride(0), k_scale.stride(1), k_scale.stride(2)
     else:
         k_scale, v_scale = k_cache, v_cache  # unused pointers
     # int4 multiplies two halves of head_dim, each at least 16 wide (a matrix product's minimum)
@@ -575,7 +609,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), stride_sb, stride_ss,
+        block_tables.stride(0), stride_sb, stride_ss, stride_sh,
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, GROUP=group,
         BLOCK_M=rows, BLOCK_Q=block_q, TILE_N=tile, NUM_SPLITS=num_splits,
         SLIDING=sliding_window is not None,

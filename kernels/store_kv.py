@@ -26,11 +26,16 @@ left to the compiler's or the interpreter's choice of rounding:
   none for e4m3) runs the same code, and Triton's interpreter, whose own float-to-fp8
   conversion drops the carry of a rounding into the exponent (7.94 becomes 4, not 8), is never
   asked.
-- int8, int4: the row's largest |x| (one token, one KV head), divided by qmax and rounded to
-  bfloat16 by the same bit arithmetic (the interpreter truncates a float-to-bf16 cast), is the
-  row's scale, written at [slot, head] of the scale tensor; then floor(x / scale + 0.5)
-  clamped to +-qmax. int4 loads the row as two halves and packs element d and d + head_dim / 2
-  into byte d: the first in the low nibble, the second in the high one, each plus 8.
+- int8 (symmetric): the row's largest |x| (one token, one KV head), divided by 127 and rounded
+  to bfloat16 by the same bit arithmetic (the interpreter truncates a float-to-bf16 cast), is
+  the row's scale, written at [slot, head] of the scale tensor; then floor(x / scale + 0.5)
+  clamped to +-127.
+- int4 (asymmetric): the row's range gives scale = bf16((max - min) / 15) (1 for a row of
+  equal values) and zero = bf16(min), written as the pair [slot, head, 0:2] of the scale
+  tensor; then floor((x - zero) / scale + 0.5) clamped to 0..15 (the subtraction in fp32 with
+  the stored, rounded zero: a zero rounded above the minimum clamps to 0, a scale rounded down
+  clamps at 15). The row is loaded as two halves, and element d and d + head_dim / 2 are packed
+  into byte d: the first in the low nibble, the second in the high one.
 
 Subnormal inputs come out as the twin's too: IEEE division and fp32 addition keep subnormals on
 a GPU (``div.rn.f32``, ``add.f32``); the one libdevice call, floor, flushes them, but its input
@@ -88,16 +93,40 @@ def _bf16_bits(x):
     """fp32 x >= 0 to the bits of the nearest bfloat16 (ties to even), as int32."""
     bits = x.to(tl.int32, bitcast=True)
     return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+@triton.jit
+def _bf16_bits_signed(x):
+    """Any fp32 x to the bits of the nearest bfloat16 (ties to even), as int32 0..0xFFFF: the
+    magnitude rounded as above, the sign bit put back."""
+    bits = x.to(tl.int32, bitcast=True)
+    mag = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    return _bf16_bits(mag) | ((bits >> 16) & 0x8000)
 # --8<-- [end:bits]
 
 
 # --8<-- [start:quantize]
 @triton.jit
 def _row_scale(amax, QMAX: tl.constexpr):
-    """Rows' scales from their largest |value| [BLOCK_H]: (bf16 bits as int32, fp32 values)."""
+    """Rows' scales from their largest |value| (int8) or their range max - min (int4)
+    [BLOCK_H]: bf16(amax / QMAX), 1 where that is 0, as (bf16 bits as int32, fp32 values)."""
     bits = _bf16_bits(tl.math.div_rn(amax, QMAX))
     bits = tl.where(bits == 0, 0x3F80, bits)  # a row of zeros: scale 1 (0x3F80 is bf16 1.0)
     return bits, (bits << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bits_to_f32(bits):
+    """bf16 bits (int32 0..0xFFFF) to the fp32 value."""
+    return (bits << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_asym(x, scale, zero, QMAX: tl.constexpr):
+    """x [BLOCK_H, BLOCK_D] fp32 with its rows' scales and zeros [BLOCK_H]:
+    floor((x - zero) / scale + 0.5), clamped to 0..QMAX, as int32."""
+    q = tl.floor(tl.math.div_rn(x - zero[:, None], scale[:, None]) + 0.5)
+    return tl.clamp(q, 0.0, QMAX).to(tl.int32)
 
 
 @triton.jit
@@ -124,12 +153,25 @@ def _store_rows(src_ptr, stride_t, stride_h, cache_ptr, scale_ptr, token, slot, 
         mask = row_ok[:, None] & (dims[None, :] < half)  # [BH, BD]
         lo = _to_f32(tl.load(src, mask=mask, other=0.0))  # [BH, BD]: elements 0 .. half - 1
         hi = _to_f32(tl.load(src + half, mask=mask, other=0.0))  # elements half .. head_dim - 1
-        amax = tl.maximum(tl.max(tl.abs(lo), axis=1), tl.max(tl.abs(hi), axis=1))  # [BH]
-        bits, scale = _row_scale(amax, QMAX)
-        lo = (_quantize(lo, scale, QMAX) + 8).to(tl.int32)  # nibbles 1..15
-        hi = (_quantize(hi, scale, QMAX) + 8).to(tl.int32)
+        # The row's range over its real lanes (padding lanes of BLOCK_D read as +-inf here)
+        x_min = tl.minimum(tl.min(tl.where(mask, lo, float("inf")), axis=1),
+                           tl.min(tl.where(mask, hi, float("inf")), axis=1))  # [BH]
+        x_max = tl.maximum(tl.max(tl.where(mask, lo, float("-inf")), axis=1),
+                           tl.max(tl.where(mask, hi, float("-inf")), axis=1))
+        x_min = tl.where(row_ok, x_min, 0.0)  # a row not stored: anything finite
+        x_max = tl.where(row_ok, x_max, 0.0)
+        bits, scale = _row_scale(x_max - x_min, QMAX)  # bf16((max - min) / 15), 0 -> 1
+        zero_bits = _bf16_bits_signed(x_min)
+        zero = _bits_to_f32(zero_bits)
+        lo = _quantize_asym(lo, scale, zero, QMAX)  # nibbles 0..15
+        hi = _quantize_asym(hi, scale, zero, QMAX)
         tl.store(cache_ptr + row[:, None] * half + dims[None, :], (lo | (hi << 4)).to(tl.uint8),
                  mask=mask)
+        # the pair (scale, zero) at [slot, head, 0:2]
+        tl.store(scale_ptr + row * 2, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True),
+                 mask=row_ok)
+        tl.store(scale_ptr + row * 2 + 1, zero_bits.to(tl.uint16).to(tl.bfloat16, bitcast=True),
+                 mask=row_ok)
     else:
         mask = row_ok[:, None] & (dims[None, :] < head_dim)  # [BH, BD]
         dst = cache_ptr + row[:, None] * head_dim + dims[None, :]  # [BH, BD]
@@ -144,7 +186,7 @@ def _store_rows(src_ptr, stride_t, stride_h, cache_ptr, scale_ptr, token, slot, 
                 y = tl.math.div_rn(x, tl.load(scale_ptr))
                 y = tl.clamp(y, -QMAX, QMAX, propagate_nan=tl.PropagateNan.ALL)
                 tl.store(dst, _fp8_bits(y, KV_FORMAT == "fp8_e5m2").to(tl.uint8), mask=mask)
-    if KV_FORMAT == "int8" or KV_FORMAT == "int4":  # the row's scale at [slot, head]
+    if KV_FORMAT == "int8":  # the row's scale at [slot, head]
         tl.store(scale_ptr + row, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=row_ok)
 # --8<-- [end:quantize]
 
@@ -154,13 +196,15 @@ def _store_rows(src_ptr, stride_t, stride_h, cache_ptr, scale_ptr, token, slot, 
 def _store_kv_kernel(
     k_ptr, v_ptr,                    # [T, kv_heads, head_dim] each, any strides, last dim 1
     k_cache_ptr, v_cache_ptr,        # [num_blocks * block_size, kv_heads, stored] contiguous
-    k_scale_ptr, v_scale_ptr,        # fp8: [1] fp32; int8, int4: [num_blocks * block_size,
-                                     # kv_heads] bf16, contiguous; auto: unused
+    k_scale_ptr, v_scale_ptr,        # fp8: [1] fp32; int8: [num_blocks * block_size, kv_heads]
+                                     # bf16, contiguous; int4: [..., kv_heads, 2] (scale,
+                                     # zero); auto: unused
     slot_ptr,                        # [T] int32/int64, -1 = skip
     stride_kt, stride_kh, stride_vt, stride_vh,
     kv_heads, head_dim,
     KV_FORMAT: tl.constexpr,         # auto | fp8_e4m3 | fp8_e5m2 | int8 | int4
-    QMAX: tl.constexpr,              # the format's largest stored magnitude (auto: unused)
+    QMAX: tl.constexpr,              # the format's largest stored magnitude, int4's top level
+                                     # (15); auto: unused
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
@@ -185,8 +229,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
     k, v [T, kv_heads, head_dim] (last dim contiguous; other strides free); k_cache, v_cache
     [num_blocks, block_size, kv_heads, stored head_dim] in the format's dtype, contiguous;
-    slot_mapping [T], -1 = skip. fp8: k_scale, v_scale [1] float32; int8 / int4: the
-    per-token-head scales [num_blocks, block_size, kv_heads] bfloat16, contiguous, written.
+    slot_mapping [T], -1 = skip. fp8: k_scale, v_scale [1] float32; int8: the per-token-head
+    scales [num_blocks, block_size, kv_heads] bfloat16, contiguous, written; int4: the
+    per-token-head (scale, zero) pairs [num_blocks, block_size, kv_heads, 2], the same.
     Slots must lie inside the cache: unlike the twin's indexing, the kernel does not check.
     """
     fmt = kv_cache_format(kv_cache_dtype)
@@ -212,11 +257,12 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                              f"{stored}")
         if k_scale is None or v_scale is None:
             raise ValueError(f"kv_cache_dtype {fmt.name!r} needs k_scale and v_scale")
+        pair = (2,) if fmt.zero_point else ()  # int4: (scale, zero)
         if fmt.scales == "per_token_head" and not (
                 k_scale.is_contiguous() and v_scale.is_contiguous()
-                and k_scale.shape == v_scale.shape == k_cache.shape[:3]):
+                and k_scale.shape == v_scale.shape == (*k_cache.shape[:3], *pair)):
             raise ValueError("per-token-head scales must be contiguous [num_blocks, block_size, "
-                             "kv_heads] tensors")
+                             f"kv_heads{', 2' if pair else ''}] tensors")
     if fmt.scales == "per_tensor":  # the bytes of the fp8 values: see the module's docstring
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     if fmt.scales == "none":

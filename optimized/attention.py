@@ -149,8 +149,8 @@ def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale, kv_cache_dtype
 
     def gather(cache, scales, zero_unfilled=False):  # [kv_heads, P, L, head_dim], contiguous
         rows = cache.index_select(0, batch.blocks).view(P * L, num_kv_heads, cache.shape[-1])
-        if per_row:  # the gathered slots' own scales: [P * L, kv_heads]
-            scales = scales.index_select(0, batch.blocks).view(P * L, num_kv_heads)
+        if per_row:  # the gathered slots' own scales: [P * L, kv_heads(, 2)]
+            scales = scales.index_select(0, batch.blocks).view(P * L, *scales.shape[2:])
         rows = dequantize_kv(rows, scales, kv_cache_dtype, q.dtype)  # [P * L, kvh, head_dim]
         if zero_unfilled:
             rows.index_fill_(0, batch.unfilled, 0.0)
@@ -176,16 +176,16 @@ class PlannedAttention(PagedAttention):
     """The runner's CPU attention context, built once per step from the step's metadata:
     it plans the step's padded batches (one plan per sliding window: a model may mix windowed
     and full layers) the first time a layer asks, and every later layer reuses the plan.
-    Its K/V writes are the backend's store_kv; its attention is ``attend`` on the plan."""
+    Its K/V writes (and int4's rotation) are PagedAttention's; it reads by ``attend`` on the
+    plan."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.plans: dict[int | None, AttentionPlan] = {}
 
-    def attend(self, layer, q, k, v, positions, scale, sliding_window=None):
+    def read(self, layer, q, scale, sliding_window=None):
         md = self.metadata
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        self.store(layer, k, v)
         if sliding_window not in self.plans:
             self.plans[sliding_window] = plan_attention(
                 md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu, k_cache.shape[1],

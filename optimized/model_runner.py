@@ -44,9 +44,8 @@ class DeviceAttention(PagedAttention):
     copy per layer and lets the forward be captured in a CUDA graph.
     """
 
-    def attend(self, layer, q, k, v, positions, scale, sliding_window=None):
+    def read(self, layer, q, scale, sliding_window=None):
         md = self.metadata
-        self.store(layer, k, v)
         return self.backend.paged_attention(
             q, self.k_caches[layer], self.v_caches[layer], md.block_tables, md.seq_lens,
             md.query_start_loc, scale, sliding_window, *self.quant.args(layer))

@@ -13,17 +13,18 @@ head_dim]: slot = block * block_size + offset. The contiguous layout uses the sa
 blocks of one token, so a slab is a run of consecutive one-token blocks.
 
 A quantized pool (``kv_cache_dtype``, see ``ops/kv_quant.py``) stores its values in fewer bits.
-int8 and int4 also keep one scale per slot and KV head, in tensors of the same block layout
-[num_blocks, block_size, kv_heads]: every block move below moves them too, so a swapped-in,
-copied or prefix-cached block keeps the scales its tokens were written with. fp8's scales are
-one per layer for K and one for V, fixed once set, and never move.
+int8 and int4 also keep a scale per slot and KV head (int4: a scale and a zero), in tensors of
+the same block layout [num_blocks, block_size, kv_heads(, 2)]: every block move below moves
+them too, so a swapped-in, copied or prefix-cached block keeps the scales its tokens were
+written with. fp8's scales are one per layer for K and one for V, fixed once set, and never
+move.
 """
 
 import torch
 
 from ..model.attention import KVCacheQuant
 from ..ops import REFERENCE_BACKEND, Backend
-from ..ops.kv_quant import kv_cache_format
+from ..ops.kv_quant import hadamard, kv_cache_format
 
 
 class CacheEngine:
@@ -36,8 +37,9 @@ class CacheEngine:
 
         def pool(num_blocks: int, where, pin_memory: bool = False, scales: bool = False
                  ) -> list[torch.Tensor]:
-            if scales:  # [num_blocks, block_size, kv_heads]: one scale per slot and head
-                shape, of = (num_blocks, block_size, num_kv_heads), fmt.scale_dtype
+            if scales:  # [num_blocks, block_size, kv_heads] (int4: [..., 2], scale and zero)
+                shape = (num_blocks, block_size, num_kv_heads) + ((2,) if fmt.zero_point else ())
+                of = fmt.scale_dtype
             else:
                 shape = (num_blocks, block_size, num_kv_heads, fmt.storage_head_dim(head_dim))
                 of = fmt.dtype_of(dtype)
@@ -59,7 +61,8 @@ class CacheEngine:
                           pool(num_cpu_blocks, "cpu", pin, scales=True))
             self.gpu_blocks.append(gpu_scales)
             self.cpu_blocks.append(cpu_scales)
-            self.quant = KVCacheQuant(fmt.name, *gpu_scales)
+            rotation = hadamard(head_dim, device) if fmt.rotated else None
+            self.quant = KVCacheQuant(fmt.name, *gpu_scales, rotation=rotation)
         elif fmt.scales == "per_tensor":  # [1] float32 per layer: 1.0 until calculated
             def ones() -> list[torch.Tensor]:
                 return [torch.ones(1, device=device) for _ in range(num_layers)]

@@ -51,14 +51,17 @@ class KVCacheQuant:
     kv_cache_dtype "auto" has none. fp8: k_scales[layer], v_scales[layer] are [1] float32, 1.0
     or, with calculate_scales, set from the K/V of the first forward (the engine clears the flag
     once that forward has finished: a failed one leaves it set, so no layer keeps a scale from a
-    batch that was thrown away). int8 / int4: [num_blocks, block_size, kv_heads] bfloat16, one
-    scale per slot and KV head, written by store_kv with the values.
+    batch that was thrown away). int8 / int4: [num_blocks, block_size, kv_heads] bfloat16 (int4:
+    [..., 2], scale and zero), per slot and KV head, written by store_kv with the values. int4
+    also has a rotation H: the context stores k H and v H, attends with q H (the scores are
+    unchanged, H is orthogonal) and rotates the output back.
     """
 
     kv_cache_dtype: str = "auto"
     k_scales: list[torch.Tensor] = field(default_factory=list)
     v_scales: list[torch.Tensor] = field(default_factory=list)
     calculate_scales: bool = False
+    rotation: torch.Tensor | None = None  # int4: the Hadamard matrix [head_dim, head_dim]
 
     @property
     def scales_per_tensor(self) -> bool:
@@ -102,9 +105,23 @@ class PagedAttention:
                positions: torch.Tensor, scale: float,
                sliding_window: int | None = None) -> torch.Tensor:
         """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
-        md = self.metadata
+        H = self.quant.rotation
+        if H is not None:  # int4: a rotated row spreads a large channel over all of them
+            q, k, v = (rotate(x, H) for x in (q, k, v))
         self.store(layer, k, v)
+        out = self.read(layer, q, scale, sliding_window)  # [T, heads, head_dim]
+        return out if H is None else rotate(out, H)  # H is its own inverse
+
+    def read(self, layer: int, q: torch.Tensor, scale: float,
+             sliding_window: int | None = None) -> torch.Tensor:
+        """Paged attention of q over the layer's cache (this step's K/V already stored)."""
+        md = self.metadata
         return self.backend.paged_attention(
             q, self.k_caches[layer], self.v_caches[layer], md.block_tables, md.seq_lens_cpu,
             md.query_start_loc_cpu, scale, sliding_window, *self.quant.args(layer))
+
+
+def rotate(x: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] @ H, computed in float32, in x's dtype."""
+    return (x.float() @ H).to(x.dtype)
 # --8<-- [end:paged_context]

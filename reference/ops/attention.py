@@ -155,7 +155,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     def read(cache, scales):
         rows = cache.view(-1, num_kv_heads, cache.shape[-1]).transpose(0, 1)[:, slots]
         if per_row:
-            scales = scales.view(-1, num_kv_heads).transpose(0, 1)[:, slots]  # [kvh, B, L]
+            scales = scales.view(-1, *scales.shape[2:]).transpose(0, 1)[:, slots]  # [kvh,B,L(,2)]
         return dequantize_kv(rows, scales, kv_cache_dtype, q.dtype)
 
     keys, values = read(k_cache, k_scale), read(v_cache, v_scale)

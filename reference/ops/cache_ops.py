@@ -23,8 +23,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
     A slot of -1 marks a row whose K/V must not be kept (padding): it is skipped. A quantized
     kv_cache_dtype stores the rows quantized: fp8 divides by the layer's k_scale / v_scale [1];
-    int8 and int4 compute each row's scale and write it at the same slot of k_scale / v_scale
-    [num_blocks, block_size, kv_heads].
+    int8 and int4 compute each row's scale (int4: scale and zero) and write it at the same slot
+    of k_scale / v_scale [num_blocks, block_size, kv_heads] (int4: [..., 2]).
     """
     keep = slot_mapping >= 0  # [T]
     if not bool(keep.all()):
@@ -33,7 +33,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         data, row_scales = quantize_kv(x, kv_cache_dtype, scale)  # [T, kvh, stored], [T, kvh]
         cache.view(-1, *cache.shape[2:])[slot_mapping] = data  # flat view: one row per slot
         if row_scales is not None:
-            scale.view(-1, scale.shape[2])[slot_mapping] = row_scales
+            scale.view(-1, *scale.shape[2:])[slot_mapping] = row_scales
 # --8<-- [end:store_kv]
 
 

@@ -9,7 +9,7 @@ same memory, at the price of a rounding error in every key and value attention r
     fp8_e4m3        float8: 4 exponent, 3 mantissa   one per layer for K, one for V  1
     fp8_e5m2        float8: 5 exponent, 2 mantissa   one per layer for K, one for V  1
     int8            integer in [-127, 127]           one per token and KV head       1
-    int4            integer in [-7, 7], two per byte one per token and KV head       1/2
+    int4            integer in [0, 15], two per byte scale + zero per token and head 1/2
 
 A floating-point format keeps a relative error whatever the magnitude (e4m3: 3 mantissa bits,
 half a step is 2**-4 = 6.25 % at worst; e5m2: 12.5 %), down to its smallest normal number, but
@@ -18,19 +18,27 @@ divides every value before it is stored, so that the layer's largest value lands
 range. With the default scale of 1.0 a key of 600 is clipped to 448 (and vLLM only warns);
 ``calculate_kv_scales`` sets the scales from the first batch instead.
 
-An integer format has a uniform step: scale / 1 between neighbours, so an error of at most half a
-step, where step = (largest |value| of the group) / 127 for int8, / 7 for int4. One scale per
-token and KV head (computed when the token is written, stored beside its block) keeps the
-groups small, so one token's outlier cannot coarsen another token's step. The scheme is
-symmetric (no zero point): a zero point would cost 2 more bytes per token and head — with
-head_dim 64, int8 would keep 1.88x the tokens of bf16 instead of 1.94x — and attention could no
-longer apply the scale to a whole dot product, q · (s k) = s (q · k). Scales are bfloat16:
-float32's range (a float16 scale underflows for groups of tiny values) in 2 bytes.
+An integer format has a uniform step, so an error of at most half a step. One scale per token
+and KV head (computed when the token is written, stored beside its block) keeps the groups small,
+so one token's outlier cannot coarsen another token's step. Scales are bfloat16: float32's range
+(a float16 scale underflows for groups of tiny values) in 2 bytes.
+
+- int8 is symmetric: step = the row's largest |value| / 127, no zero point. A zero point would
+  cost 2 more bytes per token and head (with head_dim 64, int8 would keep 1.88x the tokens of
+  bf16 instead of 1.94x), and 255 levels leave the error small anyway. Attention applies the
+  scale to a whole dot product: q · (s k) = s (q · k).
+- int4 has only 16 levels, and symmetric int4 is too coarse: on SmolLM2-135M it raised the
+  perplexity by 36 %. Two changes bring it to a few percent (benchmarks/kv_quant.py). It is
+  asymmetric: x ≈ q · s + z with q in 0..15, s = (max - min) / 15 and z = min, so all 16 levels
+  cover the row's actual range (attention adds one term: q · (s k + z) = s (q · k) + z Σ q). And
+  the attention context rotates q, k and v by a Hadamard matrix H before they reach the cache
+  (``hadamard`` below; model/attention.py): H is orthogonal, so (qH) · (kH) = q · k and the
+  output is rotated back, but a rotated row spreads a few large channels (keys have them) over
+  all channels, so that they no longer set the step of every other value of the token.
 
 int4 packs two values per byte: byte j of a row holds element j in its low 4 bits and element
-j + head_dim / 2 in its high 4 bits, each as value + 8 (so 1..15). Splitting the row into halves,
-not neighbours, lets a kernel unpack a tile with two shifts and attend with two half-width
-matrix products.
+j + head_dim / 2 in its high 4 bits. Splitting the row into halves, not neighbours, lets a kernel
+unpack a tile with two shifts and attend with two half-width matrix products.
 
 Rounding is floor(y + 0.5) (half up), written out so that a kernel does exactly the same
 (torch.round rounds half to even); division by the scale is IEEE division in both.
@@ -54,8 +62,10 @@ class KVCacheFormat:
     name: str  # auto | fp8_e4m3 | fp8_e5m2 | int8 | int4
     storage_dtype: torch.dtype | None  # None: the model's dtype
     scales: str  # "none" | "per_tensor" | "per_token_head"
-    qmax: float  # the largest magnitude stored (448, 57344, 127, 7); 0 for auto
+    qmax: float  # the largest magnitude stored (448, 57344, 127; int4: the top level, 15)
     values_per_byte: int = 1  # int4: 2
+    zero_point: bool = False  # int4: a (scale, zero) pair per token and head
+    rotated: bool = False  # int4: the attention context stores and reads Hadamard-rotated rows
 
     def storage_head_dim(self, head_dim: int) -> int:
         """Elements of the storage dtype per [head_dim] row."""
@@ -69,8 +79,14 @@ class KVCacheFormat:
     def bytes_per_token_head(self, head_dim: int, model_dtype_bytes: int) -> int:
         """Bytes one token costs for one KV head and one of K or V, its scale included."""
         item = self.storage_dtype.itemsize if self.storage_dtype else model_dtype_bytes
-        scale = SCALE_DTYPE.itemsize if self.scales == "per_token_head" else 0
-        return self.storage_head_dim(head_dim) * item + scale
+        return self.storage_head_dim(head_dim) * item + self.scale_numel * SCALE_DTYPE.itemsize
+
+    @property
+    def scale_numel(self) -> int:
+        """Scale values per token and head: 0, 1 (a scale) or 2 (a scale and a zero)."""
+        if self.scales != "per_token_head":
+            return 0
+        return 2 if self.zero_point else 1
 # --8<-- [end:format]
 
 
@@ -83,7 +99,8 @@ KV_CACHE_FORMATS = {
     "fp8_e4m3": KVCacheFormat("fp8_e4m3", _fp8("float8_e4m3fn"), "per_tensor", 448.0),
     "fp8_e5m2": KVCacheFormat("fp8_e5m2", _fp8("float8_e5m2"), "per_tensor", 57344.0),
     "int8": KVCacheFormat("int8", torch.int8, "per_token_head", 127.0),
-    "int4": KVCacheFormat("int4", torch.uint8, "per_token_head", 7.0, values_per_byte=2),
+    "int4": KVCacheFormat("int4", torch.uint8, "per_token_head", 15.0, values_per_byte=2,
+                          zero_point=True, rotated=True),
 }
 KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}  # vLLM's names
 KV_CACHE_DTYPES = (*KV_CACHE_FORMATS, *KV_CACHE_ALIASES)
@@ -118,33 +135,55 @@ def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
 # --8<-- [start:per_token_head]
 def quantize_per_token_head(x: torch.Tensor, fmt: KVCacheFormat
                             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., head_dim] -> (data, scale): one scale per row (a token's K or V for one KV head).
+    """x [..., head_dim] -> (data, scales): per row (a token's K or V for one KV head).
 
-    scale = largest |x| of the row / qmax, rounded to bfloat16 (what is stored), and the values
-    are divided by the stored scale, so that dequantizing with it is off by at most half a step:
-    |x - data * scale| <= scale / 2. A row of zeros gets scale 1 (any scale stores zeros).
+    int8, symmetric: scale = largest |x| / 127, scales [...]. int4, asymmetric: scale =
+    (max - min) / 15 and zero = min, scales [..., 2] = (scale, zero). Both are rounded to
+    bfloat16 (what is stored) before the values are quantized with them, so that dequantizing
+    is off by at most half a step, |x - x̂| <= scale / 2 (int4: plus the zero's bf16 rounding).
+    A row of equal values (all zeros, say) gets scale 1.
     int8: data int8 [..., head_dim]; int4: data uint8 [..., head_dim / 2], two values per byte.
     """
     x = x.float()
-    amax = x.abs().amax(dim=-1)  # [...]
-    scale = (amax / fmt.qmax).to(SCALE_DTYPE)  # [...]
+    if fmt.zero_point:
+        low = x.amin(dim=-1)  # [...]
+        scale = ((x.amax(dim=-1) - low) / fmt.qmax).to(SCALE_DTYPE)
+        zero = low.to(SCALE_DTYPE)
+    else:
+        scale = (x.abs().amax(dim=-1) / fmt.qmax).to(SCALE_DTYPE)  # [...]
+        zero = torch.zeros_like(scale)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = round_half_up(x / scale.float()[..., None]).clamp(-fmt.qmax, fmt.qmax)  # [..., hd]
+    q = round_half_up((x - zero.float()[..., None]) / scale.float()[..., None])  # [..., hd]
     if fmt.values_per_byte == 1:
-        return q.to(torch.int8), scale
+        return q.clamp(-fmt.qmax, fmt.qmax).to(torch.int8), scale
     half = x.shape[-1] // 2
-    nibbles = (q + 8).to(torch.uint8)  # [..., hd], each in 1..15
-    return nibbles[..., :half] | (nibbles[..., half:] << 4), scale  # [..., hd / 2]
+    nibbles = q.clamp(0, fmt.qmax).to(torch.uint8)  # [..., hd], each in 0..15
+    packed = nibbles[..., :half] | (nibbles[..., half:] << 4)  # [..., hd / 2]
+    return packed, torch.stack([scale, zero], dim=-1)  # scales [..., 2]
 
 
-def dequantize_per_token_head(data: torch.Tensor, scale: torch.Tensor, fmt: KVCacheFormat,
+def dequantize_per_token_head(data: torch.Tensor, scales: torch.Tensor, fmt: KVCacheFormat,
                               dtype: torch.dtype) -> torch.Tensor:
-    """(data [..., stored], scale [...]) -> [..., head_dim] in dtype."""
+    """(data [..., stored], scales [...] or int4's [..., 2]) -> [..., head_dim] in dtype."""
     if fmt.values_per_byte == 1:
-        q = data.float()
-    else:  # low nibbles are the first half of the row, high nibbles the second
-        q = torch.cat([data & 0xF, data >> 4], dim=-1).float() - 8  # [..., hd]
-    return (q * scale.float()[..., None]).to(dtype)
+        return (data.float() * scales.float()[..., None]).to(dtype)
+    q = torch.cat([data & 0xF, data >> 4], dim=-1).float()  # low nibbles: the first half
+    scale, zero = scales.float().unbind(-1)  # [...] each
+    return (q * scale[..., None] + zero[..., None]).to(dtype)
+
+
+# --8<-- [start:hadamard]
+def hadamard(head_dim: int, device=None) -> torch.Tensor:
+    """An orthogonal [head_dim, head_dim] matrix whose rows spread every channel over all
+    channels: Sylvester's Hadamard matrix / sqrt(n), for the largest power of two n dividing
+    head_dim, repeated block-diagonally (head_dim 64: one 64 x 64 block; 80: five of 16). It is
+    symmetric, so it is its own inverse: x @ H @ H = x."""
+    n = head_dim & -head_dim  # the largest power of two dividing head_dim
+    block = torch.ones(1, 1)
+    while block.shape[0] < n:
+        block = torch.cat([torch.cat([block, block], 1), torch.cat([block, -block], 1)], 0)
+    return torch.block_diag(*[block / n**0.5] * (head_dim // n)).to(device)
+# --8<-- [end:hadamard]
 # --8<-- [end:per_token_head]
 
 

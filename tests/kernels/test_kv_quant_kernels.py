@@ -4,15 +4,17 @@ store_kv must store exactly the twin's bytes and scales (attention reads what wa
 the engine's tiers must agree token for token), so its comparisons are bit for bit: every
 format, every input dtype, and rows chosen to break a careless kernel (all zeros, negative
 zeros, one huge outlier per head, subnormal inputs, values past e4m3's 448 with a scale of 1,
-exact ties of every rounding step). Slots the kernel must not touch start as NaN bytes (fp8) or
-garbage with NaN scales (int8, int4) and must come out unchanged.
+exact ties of every rounding step, int4's rows of one repeated value and zero points that bf16
+rounds above the row's minimum). Slots the kernel must not touch start as NaN bytes (fp8) or
+garbage with NaN scales (int8; int4's scales and zeros) and must come out unchanged.
 
 paged_attention dequantizes tiles in registers; it is compared with the twin in float32 on the
 same stored cache, for every query shape of a step (decodes, a chunk after a cached prefix, a
 whole prompt, a prefix-cache hit), flash-decoding's split path, sliding windows, GQA and MQA, a
 head size that is not a power of two. Every slot no sequence wrote is poisoned: NaN bytes for
-fp8, NaN *scales* (and garbage data) for int8 and int4, so a kernel that reads one, or scales a
-masked key by its slot's scale, returns NaN.
+fp8, NaN *scales* (and garbage data) for int8, NaN scales *and zeros* for int4, so a kernel that
+reads one, or scales (or shifts) a masked key by its slot's scale (zero), returns NaN. int4 is
+also checked on rows far from zero, where its zero-point terms are most of every score.
 
 The interpreter runs one program at a time: the shapes are small.
 """
@@ -54,7 +56,8 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 def poisoned_pool(kv_cache_dtype, shape, gen):
     """(k_cache, v_cache, k_scale, v_scale) of a format, [num_blocks, block_size, kv_heads,
     head_dim] before packing, every slot poisoned: NaN fp8 bytes, or random integer data with NaN
-    per-token-head scales. fp8's per-tensor scales are left to the caller (None here)."""
+    per-token-head scales (int4: [..., 2], NaN scales and zeros). fp8's per-tensor scales are
+    left to the caller (None here)."""
     fmt = kv_cache_format(kv_cache_dtype)
     stored = (*shape[:3], fmt.storage_head_dim(shape[3]))
     if fmt.scales == "per_tensor":
@@ -62,7 +65,8 @@ def poisoned_pool(kv_cache_dtype, shape, gen):
         return nan, nan.clone(), None, None
     data = [torch.randint(0, 256, stored, generator=gen, dtype=torch.uint8).view(
         fmt.storage_dtype) for _ in range(2)]
-    scales = [torch.full(shape[:3], float("nan"), dtype=torch.bfloat16) for _ in range(2)]
+    scale_shape = (*shape[:3], 2) if fmt.zero_point else shape[:3]
+    scales = [torch.full(scale_shape, float("nan"), dtype=torch.bfloat16) for _ in range(2)]
     return (*data, *scales)
 
 
@@ -74,7 +78,10 @@ def poisoned_pool(kv_cache_dtype, shape, gen):
 # 7.9375 rounds up to 8 (a carry into the exponent), 1.5 * 2**-9 between two e4m3 subnormals.
 TIES = [127.0, 2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 1.0625, -1.1875, 7.9375, 1.5 * 2**-9, 3 * 2**-10,
         1.125, 6.5]
-INT4_TIES = [7.0, 2.5, -2.5, 3.5, -0.5, 0.5, 1.5, -6.5]  # int4's scale is 1 for a largest |x| of 7
+# int4 (asymmetric): a row from -8 to 7 has scale 1 and zero -8, so x - zero = k + 0.5 is a tie
+INT4_TIES = [-8.0, 7.0, -7.5, -0.5, 0.5, 6.5, -2.5, 3.5, 1.5, -6.5]
+# ... from 0 to 15: scale 1, zero 0; and past the top level (15.25, rounded down) clamps at 15
+INT4_TIES_POSITIVE = [0.0, 15.0, 14.5, 0.5, 7.5, 2.5, 11.5, 1.5]
 
 
 def adversarial_rows(num_tokens, kv_heads, head_dim, dtype, gen) -> torch.Tensor:
@@ -93,6 +100,14 @@ def adversarial_rows(num_tokens, kv_heads, head_dim, dtype, gen) -> torch.Tensor
     x[4] = torch.tensor(big * head_dim)[:head_dim]
     x[5] = torch.tensor(TIES * head_dim)[:head_dim]
     x[6] = torch.tensor(INT4_TIES * head_dim)[:head_dim]
+    x[7] = torch.tensor(INT4_TIES_POSITIVE * head_dim)[:head_dim]
+    # int4: one value repeated (range 0: scale 1, the zero bf16's rounding of it, which is not
+    # the value), and a minimum that bf16 rounds up (from fp32: x - zero < 0 clamps to level 0)
+    x[8] = 3.3
+    x[8, 1:] = -1e-3
+    x[9] = torch.linspace(-1.00390625, 2.3, head_dim)  # -1 - 2**-8: a bf16 tie, rounds to -1
+    x[9, 0, 0] = -1.001953125  # -1 - 2**-9: rounds to -1 too
+    x[10] = torch.randn(kv_heads, head_dim, generator=gen) * 0.5 + 40.0  # far from zero
     return x.to(dtype)
 
 
@@ -125,10 +140,10 @@ def test_store_kv_is_bit_identical_to_the_twin(kv_cache_dtype, dtype):
     """Adversarial rows and random ones, 3 heads (a masked lane in the tile), head_dim 80 (not
     a power of two: int4's halves of 40 pad to 64), padding slots."""
     gen = seeded("store", kv_cache_dtype, dtype)
-    k = adversarial_rows(12, 3, 80, dtype, gen)  # rows 0..6 adversarial, 7..11 random
-    v = adversarial_rows(12, 3, 80, dtype, gen).roll(4, 0)  # rows 4..10 adversarial
-    slots = torch.randperm(4 * 8, generator=gen)[:12]
-    slots[11] = -1  # a padding row: random in both
+    k = adversarial_rows(14, 3, 80, dtype, gen)  # rows 0..10 adversarial, 11..13 random
+    v = adversarial_rows(14, 3, 80, dtype, gen).roll(3, 0)  # rows 3..13 adversarial
+    slots = torch.randperm(4 * 8, generator=gen)[:14]
+    slots[12] = -1  # a padding row: random in both
     check_store_kv(kv_cache_dtype, k, v, slots, 8, 4, gen)
 
 
@@ -190,10 +205,10 @@ PAD_ROWS = 2  # rows of q past the last sequence: the output must be 0 there
 
 
 def quantized_batch(kv_cache_dtype, seed, block_size, head_dim, num_heads, num_kv_heads,
-                    seqs=MIXED, dtype=torch.float32):
-    """q and a poisoned paged cache holding the sequences' K/V, quantized by the twin's store_kv
-    into shuffled blocks. Returns (q, k_cache, v_cache, block_tables, seq_lens,
-    query_start_loc, k_scale, v_scale)."""
+                    seqs=MIXED, dtype=torch.float32, shift=0.0):
+    """q and a poisoned paged cache holding the sequences' K/V (standard normal, plus shift),
+    quantized by the twin's store_kv into shuffled blocks. Returns (q, k_cache, v_cache,
+    block_tables, seq_lens, query_start_loc, k_scale, v_scale)."""
     gen = torch.Generator().manual_seed(seed)
     fmt = kv_cache_format(kv_cache_dtype)
     blocks_per_seq = [-(-seq_len // block_size) for _, seq_len in seqs]
@@ -210,8 +225,8 @@ def quantized_batch(kv_cache_dtype, seed, block_size, head_dim, num_heads, num_k
         positions = torch.arange(seq_len)  # slots past seq_len in the last block stay poisoned
         blocks = block_tables[b, positions // block_size].long()
         slots = blocks * block_size + positions % block_size  # [seq_len]
-        rows.append((torch.randn(2, seq_len, num_kv_heads, head_dim, generator=gen).to(dtype),
-                     slots))
+        kv = torch.randn(2, seq_len, num_kv_heads, head_dim, generator=gen) + shift
+        rows.append((kv.to(dtype), slots))
     if fmt.scales == "per_tensor":  # the layer's scales from its values, as calibration sets
         k_scale = calculated_scale(torch.cat([r[0][0] for r in rows]), 200.0)
         v_scale = calculated_scale(torch.cat([r[0][1] for r in rows]), 100.0)
@@ -274,6 +289,38 @@ def test_paged_attention_half_precision(kv_cache_dtype, dtype, num_splits, seqs)
                     num_splits=num_splits)
 
 
+@pytest.mark.parametrize("case", ["bs16-d64-gqa4", "split3-bs16-d64-gqa4",
+                                  "bs8-d80-gqa2-window7"])
+def test_int4_zero_points_on_rows_far_from_zero(case):
+    """K and V around 6 (a row from about 3 to 9): the zeros carry most of every value, so the
+    terms z_j * sum_d q_d of the scores and sum_j p_j z_j of the output are most of the result;
+    a kernel that drops either, or adds it to one half of int4's output only, is far off."""
+    block_size, head_dim, num_heads, num_kv_heads, window, kwargs = CASES[case]
+    batch = quantized_batch("int4", zlib.crc32(f"far-{case}".encode()), block_size, head_dim,
+                            num_heads, num_kv_heads, shift=6.0)
+    check_attention("int4", batch, window, 1e-3, **kwargs)
+    # and in half precision, q . k_int of 0..15 and the zero terms against a rounded q, the
+    # output rounded once: around 6, one step of fp16 is 2**-8, one of bf16 2**-5 (and the
+    # interpreter's cast to bf16 truncates: up to a whole step, always down)
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 8e-2)):
+        batch = quantized_batch("int4", zlib.crc32(f"far-{dtype}-{case}".encode()), block_size,
+                                head_dim, num_heads, num_kv_heads, shift=6.0, dtype=dtype)
+        check_attention("int4", batch, window, tol, **kwargs)
+
+
+def test_int4_refuses_scales_without_zeros():
+    """int4's scales are (scale, zero) pairs [num_blocks, block_size, kv_heads, 2]: int8's
+    layout [num_blocks, block_size, kv_heads] is refused by both launchers."""
+    q, k_cache, v_cache, tables, seq_lens, starts, k_scale, v_scale = quantized_batch(
+        "int4", 1, 16, 64, 4, 2, seqs=((1, 5),))
+    old = k_scale[..., 0].contiguous(), v_scale[..., 0].contiguous()
+    with pytest.raises(ValueError, match="kv_heads, 2"):
+        paged_attention(q, k_cache, v_cache, tables, seq_lens, starts, 0.125, None, "int4", *old)
+    k = torch.randn(2, 2, 64)
+    with pytest.raises(ValueError, match="kv_heads, 2"):
+        store_kv(k, k, k_cache, v_cache, torch.tensor([0, 1]), "int4", *old)
+
+
 @pytest.mark.parametrize("kv_cache_dtype", QUANTIZED)
 def test_paged_attention_refuses_a_cache_of_another_format(kv_cache_dtype):
     q, k_cache, v_cache, tables, seq_lens, starts, k_scale, v_scale = quantized_batch(
@@ -300,8 +347,8 @@ def test_without_interpreter_both_launchers_call_the_twins(kv_cache_dtype, monke
             v_scale)
     assert torch.equal(paged_attention(*args), paged_attention_reference(*args))
     gen = seeded("fallback", kv_cache_dtype)
-    k, v = adversarial_rows(7, 2, 64, torch.float32, gen), torch.randn(7, 2, 64, generator=gen)
-    slots = torch.tensor([3, -1, 40, 41, 0, 9, 77])
+    k, v = adversarial_rows(11, 2, 64, torch.float32, gen), torch.randn(11, 2, 64, generator=gen)
+    slots = torch.tensor([3, -1, 40, 41, 0, 9, 77, 12, 13, 79, 50])
     check_store_kv(kv_cache_dtype, k, v, slots, 16, 5, gen)  # the twin against itself: no NaN
 
 

@@ -2,8 +2,11 @@
 attention over a quantized pool equal to attention over the values it stores.
 
 The bounds come from the formats, not from fitted numbers:
-- int8 / int4 (symmetric, one bfloat16 scale s per token and head): |x - x̂| <= s / 2, and s is
-  the row's largest |x| / qmax rounded to bfloat16 (relative error <= 2**-8);
+- int8 (symmetric, one bfloat16 scale s per token and head): |x - x̂| <= s / 2, and s is the
+  row's largest |x| / 127 rounded to bfloat16 (relative error <= 2**-8);
+- int4 (asymmetric: scale s = (max - min) / 15 and zero z = min, both bfloat16):
+  |x - x̂| <= s / 2 + (|min| + 15 s) * 2**-7 (+ 2**-133 for bfloat16 subnormals) — half a
+  step, plus what rounding z and s to bfloat16 can push a row's extremes past the 16 levels;
 - fp8 (per-tensor scale c): y = x / c is stored as the nearest fp8 value, so |y - ŷ| is at most
   half a step: |y| * 2**-(mantissa + 1) in the normal range, 2**(min_exp - mantissa - 1) in the
   subnormal range, and values beyond the largest (448 for e4m3) are clipped to it.
@@ -22,7 +25,7 @@ from pagedllm.reference.ops import (
     quantize_kv,
     store_kv,
 )
-from pagedllm.reference.ops.kv_quant import KV_CACHE_FORMATS, calculated_scale
+from pagedllm.reference.ops.kv_quant import KV_CACHE_FORMATS, calculated_scale, hadamard
 
 INT_FORMATS = ("int8", "int4")
 FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
@@ -44,15 +47,26 @@ def adversarial_rows(head_dim: int = 16) -> torch.Tensor:
 
 def check_int_bound(x: torch.Tensor, name: str) -> None:
     fmt = kv_cache_format(name)
-    data, scale = quantize_kv(x, name)
+    data, scales = quantize_kv(x, name)
     assert data.dtype == fmt.storage_dtype and data.shape[-1] == fmt.storage_head_dim(x.shape[-1])
-    assert scale.dtype == torch.bfloat16 and scale.shape == x.shape[:-1]
-    back = dequantize_kv(data, scale, name, torch.float32)
-    s = scale.float()[..., None]
-    assert torch.all((x - back).abs() <= s / 2 * (1 + 2**-20)), name
-    amax = x.abs().amax(-1, keepdim=True)
-    normal = amax / fmt.qmax > 2**-126  # the scale is a normal bfloat16: relative rounding only
-    assert torch.all(torch.where(normal, (s - amax / fmt.qmax).abs() <= amax / fmt.qmax * 2**-8,
+    assert scales.dtype == torch.bfloat16
+    back = dequantize_kv(data, scales, name, torch.float32)
+    if fmt.zero_point:
+        assert scales.shape == (*x.shape[:-1], 2)
+        s, z = (t[..., None] for t in scales.float().unbind(-1))
+        low = x.amin(-1, keepdim=True)
+        span = x.amax(-1, keepdim=True) - low
+        # bfloat16's relative rounding, and below its normal range its smallest step (2**-133)
+        assert torch.all((z - low).abs() <= low.abs() * 2**-8 + 2**-133)
+        bound = s / 2 + (low.abs() + 15 * s) * 2**-7 + 2**-133
+    else:
+        assert scales.shape == x.shape[:-1]
+        s = scales.float()[..., None]
+        span = x.abs().amax(-1, keepdim=True)
+        bound = s / 2
+    assert torch.all((x - back).abs() <= bound * (1 + 2**-20)), name
+    normal = span / fmt.qmax > 2**-126  # the scale is a normal bfloat16: relative rounding only
+    assert torch.all(torch.where(normal, (s - span / fmt.qmax).abs() <= span / fmt.qmax * 2**-8,
                                  True))
 
 
@@ -103,20 +117,30 @@ def test_zeros_and_negative_zero_come_back_as_zero():
 
 
 def test_int4_packs_the_two_halves_of_a_row_into_one_byte():
-    x = torch.tensor([[[7.0, -7.0, 1.0, 0.0, -1.0, 3.0, 2.0, -2.0]]])  # amax 7: scale 1
-    data, scale = quantize_kv(x, "int4")
-    assert scale.item() == 1.0 and data.shape == (1, 1, 4)
-    low, high = (data & 0xF).int(), (data >> 4).int()
-    assert (low - 8).tolist() == [[[7, -7, 1, 0]]] and (high - 8).tolist() == [[[-1, 3, 2, -2]]]
+    x = torch.tensor([[[-7.0, 8.0, 0.0, 1.0, 2.0, 3.0, -1.0, 5.0]]])  # min -7, max 8: step 1
+    data, scales = quantize_kv(x, "int4")
+    assert scales.tolist() == [[[1.0, -7.0]]] and data.shape == (1, 1, 4)
+    low, high = (data & 0xF).int(), (data >> 4).int()  # level = value - min
+    assert low.tolist() == [[[0, 15, 7, 8]]] and high.tolist() == [[[9, 10, 6, 12]]]
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 6])
+def test_hadamard_is_orthogonal_and_its_own_inverse(head_dim):
+    H = hadamard(head_dim)
+    torch.testing.assert_close(H @ H, torch.eye(head_dim), atol=1e-6, rtol=0)
+    assert torch.equal(H, H.T)
+    x = torch.zeros(head_dim)
+    x[3] = 10.0  # one large channel ...
+    assert (x @ H).abs().max() <= 10.0 / 2**0.5 * (1 + 1e-6)  # ... spread over two or more
 
 
 def test_names_and_bytes():
     assert kv_cache_format("fp8") is KV_CACHE_FORMATS["fp8_e4m3"]  # vLLM's alias
     with pytest.raises(ValueError, match="auto, fp8_e4m3, fp8_e5m2, int8, int4"):
         kv_cache_format("int3")
-    # head_dim 64 (SmolLM2): bf16 128 bytes; int8 64 + a 2-byte scale; int4 32 + 2; fp8 64.
+    # head_dim 64 (SmolLM2): bf16 128 bytes; int8 64 + a 2-byte scale; int4 32 + scale and zero.
     assert [KV_CACHE_FORMATS[n].bytes_per_token_head(64, 2) for n in KV_CACHE_FORMATS] == \
-        [128, 64, 64, 66, 34]
+        [128, 64, 64, 66, 36]
 
 
 def test_calculated_scale_maps_the_batch_into_range():
@@ -152,7 +176,7 @@ def quantized_pool(name, seq_lens):
                                 (cache.gpu_v[0], plain.gpu_v[0], args[2])):
             rows = src.view(-1, KV_HEADS, src.shape[-1])[slots]
             scales = scale if cache.quant.scales_per_tensor else \
-                scale.view(-1, KV_HEADS)[slots]
+                scale.view(-1, *scale.shape[2:])[slots]
             dst.view(-1, KV_HEADS, HEAD_DIM)[slots] = dequantize_kv(rows, scales, name,
                                                                     torch.float32)
     return cache, plain, tables
