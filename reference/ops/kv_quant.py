@@ -170,6 +170,7 @@ def dequantize_per_token_head(data: torch.Tensor, scales: torch.Tensor, fmt: KVC
     q = torch.cat([data & 0xF, data >> 4], dim=-1).float()  # low nibbles: the first half
     scale, zero = scales.float().unbind(-1)  # [...] each
     return (q * scale[..., None] + zero[..., None]).to(dtype)
+# --8<-- [end:per_token_head]
 
 
 # --8<-- [start:hadamard]
@@ -184,7 +185,6 @@ def hadamard(head_dim: int, device=None) -> torch.Tensor:
         block = torch.cat([torch.cat([block, block], 1), torch.cat([block, -block], 1)], 0)
     return torch.block_diag(*[block / n**0.5] * (head_dim // n)).to(device)
 # --8<-- [end:hadamard]
-# --8<-- [end:per_token_head]
 
 
 # --8<-- [start:dispatch]
