@@ -22,9 +22,8 @@ move.
 
 import torch
 
-from ..model.attention import KVCacheQuant
 from ..ops import REFERENCE_BACKEND, Backend
-from ..ops.kv_quant import hadamard, kv_cache_format
+from ..ops.kv_quant import KVCacheQuant, hadamard, kv_cache_format
 
 
 class CacheEngine:

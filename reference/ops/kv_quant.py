@@ -44,7 +44,7 @@ Rounding is floor(y + 0.5) (half up), written out so that a kernel does exactly 
 (torch.round rounds half to even); division by the scale is IEEE division in both.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -218,3 +218,41 @@ def calculated_scale(x: torch.Tensor, constant: float) -> torch.Tensor:
     1.0 when the batch is all zeros)."""
     amax = x.float().abs().amax().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
     return torch.where(amax > 0, amax / constant, torch.ones_like(amax))
+
+
+# --8<-- [start:quant]
+@dataclass
+class KVCacheQuant:
+    """How the pool's values are stored (``ops/kv_quant.py``) and their scales, per layer.
+
+    kv_cache_dtype "auto" has none. fp8: k_scales[layer], v_scales[layer] are [1] float32, 1.0
+    or, with calculate_scales, set from the K/V of the first forward (the engine clears the flag
+    once that forward has finished: a failed one leaves it set, so no layer keeps a scale from a
+    batch that was thrown away). int8 / int4: [num_blocks, block_size, kv_heads] bfloat16 (int4:
+    [..., 2], scale and zero), per slot and KV head, written by store_kv with the values. int4
+    also has a rotation H: the context stores k H and v H, attends with q H (the scores are
+    unchanged, H is orthogonal) and rotates the output back.
+    """
+
+    kv_cache_dtype: str = "auto"
+    k_scales: list[torch.Tensor] = field(default_factory=list)
+    v_scales: list[torch.Tensor] = field(default_factory=list)
+    calculate_scales: bool = False
+    rotation: torch.Tensor | None = None  # int4: the Hadamard matrix [head_dim, head_dim]
+
+    @property
+    def scales_per_tensor(self) -> bool:
+        return kv_cache_format(self.kv_cache_dtype).scales == "per_tensor"
+
+    def args(self, layer: int) -> tuple:
+        """(kv_cache_dtype, k_scale, v_scale): the trailing arguments of store_kv and
+        paged_attention for this layer; none for "auto"."""
+        if self.kv_cache_dtype == "auto":
+            return ()  # nothing to add: an op written for unquantized caches works unchanged
+        return (self.kv_cache_dtype, self.k_scales[layer], self.v_scales[layer])
+
+    def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """fp8's calculate_kv_scales: this layer's scales from the batch's real K/V rows."""
+        self.k_scales[layer].copy_(calculated_scale(k, K_SCALE_CONSTANT))
+        self.v_scales[layer].copy_(calculated_scale(v, V_SCALE_CONSTANT))
+# --8<-- [end:quant]
