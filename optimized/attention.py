@@ -4,7 +4,7 @@ On CUDA (or on the CPU under ``TRITON_INTERPRET=1``) the tier runs ``kernels.pag
 one kernel for every query shape. On a CPU without the interpreter, Triton cannot run, and the
 reference's definition loops over the prompts and chunks of a step one sequence at a time. This
 path has no loop over sequences: it attends to a few *padded batches* of sequences, each one
-gather of whole blocks and two batched matrix products, whatever the step's mix. Which of the
+gather of whole blocks and one fused attention product, whatever the step's mix. Which of the
 two runs is decided once, when the model runner is built (``model_runner.py``).
 
 - The decodes (one query row each) are split into a few buckets of similar lengths. A padded
@@ -30,6 +30,7 @@ an indexed copy of one short row per key.
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from pagedllm.reference.model import PagedAttention
 from pagedllm.reference.ops import dequantize_kv, kv_cache_format
@@ -55,7 +56,7 @@ class PaddedBatch:
     real: torch.Tensor | None  # [P, Q] bool, the rows that are real queries; None: all are
     blocks: torch.Tensor  # [P * width] int64, each sequence's blocks (padding: its first)
     unfilled: torch.Tensor  # [U] int64, gathered key positions (p * L + l) past the seq's length
-    visible: torch.Tensor  # [P, 1, Q, L] bool: which keys each query may read
+    visible: torch.Tensor  # [P, 1, Q, L] bool: which keys each query may read (any head)
 
 
 @dataclass
@@ -142,32 +143,30 @@ def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
 
 def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale, kv_cache_dtype, k_scale,
                   v_scale) -> torch.Tensor:
-    (P, Q), num_heads, head_dim = batch.rows.shape, q.shape[1], q.shape[2]
+    P, head_dim = batch.rows.shape[0], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group, L = num_heads // num_kv_heads, batch.blocks.numel() // P * block_size
+    L = batch.blocks.numel() // P * block_size
     per_row = kv_cache_format(kv_cache_dtype).scales == "per_token_head"
 
-    def gather(cache, scales, zero_unfilled=False):  # [kv_heads, P, L, head_dim], contiguous
+    def gather(cache, scales):  # [P, kv_heads, L, head_dim]
         rows = cache.index_select(0, batch.blocks).view(P * L, num_kv_heads, cache.shape[-1])
         if per_row:  # the gathered slots' own scales: [P * L, kv_heads(, 2)]
             scales = scales.index_select(0, batch.blocks).view(P * L, *scales.shape[2:])
         rows = dequantize_kv(rows, scales, kv_cache_dtype, q.dtype)  # [P * L, kvh, head_dim]
-        if zero_unfilled:
-            rows.index_fill_(0, batch.unfilled, 0.0)
-        return rows.view(P, L, num_kv_heads, head_dim).permute(2, 0, 1, 3).contiguous()
+        # Positions past a sequence's length hold whatever was there, even NaN. Masking adds
+        # -inf to a score, and NaN + -inf is NaN; a NaN value times its zero probability is
+        # NaN too: the unfilled positions are zeroed in the gathered copy.
+        rows.index_fill_(0, batch.unfilled, 0.0)
+        return rows.view(P, L, num_kv_heads, head_dim).transpose(1, 2)
 
-    # Positions past a sequence's length hold whatever was there, even NaN. A NaN key is
-    # harmless (its score is masked to -inf), but a NaN value times its zero probability would
-    # still be NaN: those values are zeroed.
-    keys, values = gather(k_cache, k_scale), gather(v_cache, v_scale, zero_unfilled=True)
-    qg = q[batch.rows].view(P, Q, num_kv_heads, group, head_dim).permute(2, 0, 3, 1, 4)
-    qg = qg.reshape(num_kv_heads, P, group * Q, head_dim)  # [kvh, P, group * Q, hd]
-    scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [kvh, P, group * Q, L]
-    scores = scores.view(num_kv_heads, P, group, Q, L).masked_fill(~batch.visible, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-    out = torch.matmul(probs.view(num_kv_heads, P, group * Q, L), values)  # [kvh, P, g*Q, hd]
-    out = out.view(num_kv_heads, P, group, Q, head_dim).permute(1, 3, 0, 2, 4)
-    return out.reshape(P, Q, num_heads, head_dim)  # [P, Q, heads, hd]
+    keys, values = gather(k_cache, k_scale), gather(v_cache, v_scale)
+    queries = q[batch.rows].transpose(1, 2)  # [P, heads, Q, head_dim]
+    # One fused op for scores, mask, softmax and the weighted sum (torch's CPU flash kernel,
+    # float32 softmax); query head h reads K/V head h // group (enable_gqa), as in the
+    # reference. A padding row repeats a real one, so no row is masked out entirely.
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.visible,
+                                         scale=scale, enable_gqa=True)  # [P, heads, Q, hd]
+    return out.transpose(1, 2)  # [P, Q, heads, hd]
 # --8<-- [end:attend]
 
 

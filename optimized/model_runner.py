@@ -30,7 +30,7 @@ from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
 from .attention import PlannedAttention
 from .kv_sizing import profile_num_blocks
-from .layers import merge_projections
+from .layers import merge_projections, transpose_linears
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -58,7 +58,10 @@ class ModelRunner(ReferenceModelRunner):
     captures_graphs = True
 
     def __init__(self, model, config):
-        super().__init__(merge_projections(model), config)
+        model = merge_projections(model)
+        if next(model.parameters()).device.type == "cpu":
+            model = transpose_linears(model)  # BLAS's faster layout for few-row products
+        super().__init__(model, config)
         sc = config.scheduler_config
         self.config = config
         self.device = next(self.model.parameters()).device
