@@ -150,35 +150,40 @@ PROGRAMS_PER_SM = 4  # enough resident programs per multiprocessor to hide memor
 # --8<-- [start:dequantize]
 @triton.jit
 def _fp8_to_f32(b, E5M2: tl.constexpr):
-    """fp8 bytes (uint8 tile) to their fp32 values, exactly, through the fp16 with the same bits:
-    sign in place, exponent and mantissa shifted to the top of fp16's fields.
+    """fp8 bytes (uint8 tile) to their fp32 values, exactly, through the fp16 with the
+    same bits: sign in place, exponent and mantissa shifted to the top of fp16's fields.
 
-    e4m3 has no infinities and one NaN, 0x7F (and 0xFF), which reads as 480 here: store_kv
-    stores it only for a NaN key or value, whose query is NaN as well. (Selecting NaN for it
-    made ptxas spill 2.7 KB per thread in sm_80's prefill tiles.)"""
+    e4m3 has no infinities and one NaN, 0x7F (and 0xFF), which reads as 480 here:
+    store_kv stores it only for a NaN key or value, whose query is NaN as well.
+    (Selecting NaN for it made ptxas spill 2.7 KB per thread in sm_80's prefill
+    tiles.)"""
     b = b.to(tl.int32)
     SHIFT: tl.constexpr = 8 if E5M2 else 7  # 10 - mantissa bits
     half = ((b & 0x80) << 8) | ((b & 0x7F) << SHIFT)  # [...] fp16 bits
     x = half.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     if not E5M2:
-        x = x * 256.0  # e4m3's exponent bias is 7, fp16's 15: a factor 2 ** 8 apart, exactly
+        # e4m3's exponent bias is 7, fp16's 15: a factor 2 ** 8 apart, exactly
+        x = x * 256.0
     return x
 
 
 @triton.jit
 def _dequantize(x, KV_FORMAT: tl.constexpr, dtype: tl.constexpr):
-    """A tile as the cache stores it to the values the matrix product takes, in dtype: exact
-    (small integers, fp8 values), per-token-head and per-tensor scales left to the caller."""
+    """A tile as the cache stores it to the values the matrix product takes, in dtype:
+    exact (small integers, fp8 values), per-token-head and per-tensor scales left to the
+    caller."""
     if KV_FORMAT == "fp8_e4m3" or KV_FORMAT == "fp8_e5m2":
         x = _fp8_to_f32(x, KV_FORMAT == "fp8_e5m2")
     elif KV_FORMAT == "int8":
-        x = x.to(tl.float32)  # int8 -> fp32 -> dtype: the interpreter has no int -> bf16 cast
+        # int8 -> fp32 -> dtype: the interpreter has no int -> bf16 cast
+        x = x.to(tl.float32)
     return x.to(dtype)
 
 
 @triton.jit
 def _nibbles(b, HIGH: tl.constexpr, dtype: tl.constexpr):
-    """int4 bytes (uint8 tile) to the values 0..15 of their low (HIGH False) or high nibbles."""
+    """int4 bytes (uint8 tile) to the values 0..15 of their low (HIGH False) or high
+    nibbles."""
     b = b.to(tl.int32)
     if HIGH:
         b = b >> 4
@@ -188,12 +193,13 @@ def _nibbles(b, HIGH: tl.constexpr, dtype: tl.constexpr):
 @triton.jit
 def _load_scales(scale_ptr, block, slot, kv_head, stride_sb, stride_ss, stride_sh, k_ok,
                  OFFSET: tl.constexpr = 0):
-    """The per-token-head scales of a tile's keys [TILE_N] (int4: OFFSET 0 the scales, 1 the
-    zeros), bf16 to fp32 by their bits (0 for masked keys: a NaN-poisoned unused slot is never
-    read)."""
-    s = tl.load(scale_ptr + block * stride_sb + slot * stride_ss + kv_head * stride_sh + OFFSET,
-                mask=k_ok, other=0.0)
-    return (s.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    """The per-token-head scales of a tile's keys [TILE_N] (int4: OFFSET 0 the scales, 1
+    the zeros), bf16 to fp32 by their bits (0 for masked keys: a NaN-poisoned unused
+    slot is never read)."""
+    s = tl.load(scale_ptr + block * stride_sb + slot * stride_ss + kv_head * stride_sh
+                + OFFSET, mask=k_ok, other=0.0)
+    bits = s.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+    return bits.to(tl.float32, bitcast=True)
 # --8<-- [end:dequantize]
 
 
@@ -241,9 +247,9 @@ def _paged_attention_kernel(
     split = tl.program_id(2)
 
     # --8<-- [start:find_sequence]
-    # -- which sequence, which of its queries ---------------------------------------------------
-    # The segment (a sequence, or the padding after the last one) owning this query block: the
-    # last s with query_start_loc[s] // BLOCK_Q + s <= block_idx, by binary search.
+    # -- which sequence, which of its queries -----------------------------------------
+    # The segment (a sequence, or the padding after the last one) owning this query block:
+    # the last s with query_start_loc[s] // BLOCK_Q + s <= block_idx, by binary search.
     lo: tl.int32 = 0
     hi = num_seqs + 1
     while lo < hi:
@@ -260,7 +266,8 @@ def _paged_attention_kernel(
     q_end = tl.load(query_start_loc_ptr + seg + 1, mask=is_seq, other=num_tokens)
     seq_len = tl.load(seq_lens_ptr + seg, mask=is_seq, other=0)  # padding: no keys at all
     q_len = q_end - q_start
-    q_block = block_idx - (q_start // BLOCK_Q + seg)  # this program's block within its sequence
+    # this program's block within its sequence
+    q_block = block_idx - (q_start // BLOCK_Q + seg)
     if q_block * BLOCK_Q >= q_len:
         return  # a left-over program: the grid is an upper bound
     context_len = seq_len - q_len  # query i sits at position context_len + i
@@ -275,7 +282,8 @@ def _paged_attention_kernel(
     q_pos = context_len + q_idx
     dims = tl.arange(0, HEAD_PAD)
     dim_ok = dims < HEAD_DIM
-    q_rows = q_ptr + token * stride_qt + head * stride_qh  # [BLOCK_M]: where each row starts
+    # [BLOCK_M]: where each row starts
+    q_rows = q_ptr + token * stride_qt + head * stride_qh
 
     q = tl.load(q_rows[:, None] + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_PAD]
@@ -300,7 +308,7 @@ def _paged_attention_kernel(
         q_sum = tl.sum(q_lo.to(tl.float32), axis=1) + tl.sum(q_hi.to(tl.float32), axis=1)
 
     # --8<-- [start:key_range]
-    # -- the keys this block of queries may see, and this split's share of their tiles ----------
+    # -- the keys this block of queries may see, and this split's share of their tiles
     last_q = tl.minimum(q_len, (q_block + 1) * BLOCK_Q)  # one past the block's last query
     kv_hi = tl.minimum(seq_len, context_len + last_q)  # one past the last visible key
     kv_lo = 0
@@ -323,7 +331,8 @@ def _paged_attention_kernel(
     if INT4:  # the two halves of acc, kept apart (acc itself is then unused)
         acc_lo = tl.zeros([BLOCK_M, HEAD_PAD // 2], dtype=tl.float32)
         acc_hi = tl.zeros([BLOCK_M, HEAD_PAD // 2], dtype=tl.float32)
-        acc_zero = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum_j p_j z_j of V's zeros
+        # running sum_j p_j z_j of V's zeros
+        acc_zero = tl.zeros([BLOCK_M], dtype=tl.float32)
     table = block_tables_ptr + seg.to(tl.int64) * stride_bt
     offs_n = tl.arange(0, TILE_N)
 
@@ -336,16 +345,21 @@ def _paged_attention_kernel(
         k_rows = k_cache_ptr + block * stride_kb + slot * stride_ks + kv_head * stride_kh
         v_rows = v_cache_ptr + block * stride_vb + slot * stride_vs + kv_head * stride_vh
         if INT4:  # bytes: two half-rows each
-            k = tl.load(k_rows[None, :] + halves[:, None], mask=k_ok[None, :] & half_ok[:, None],
+            k = tl.load(k_rows[None, :] + halves[:, None],
+                        mask=k_ok[None, :] & half_ok[:, None],
                         other=0)  # [HEAD_PAD / 2, TILE_N]
-            v = tl.load(v_rows[:, None] + halves[None, :], mask=k_ok[:, None] & half_ok[None, :],
+            v = tl.load(v_rows[:, None] + halves[None, :],
+                        mask=k_ok[:, None] & half_ok[None, :],
                         other=0)  # [TILE_N, HEAD_PAD / 2]
         else:
-            k = tl.load(k_rows[None, :] + dims[:, None], mask=k_ok[None, :] & dim_ok[:, None],
+            k = tl.load(k_rows[None, :] + dims[:, None],
+                        mask=k_ok[None, :] & dim_ok[:, None],
                         other=0)  # [HEAD_PAD, TILE_N]
-            v = tl.load(v_rows[:, None] + dims[None, :], mask=k_ok[:, None] & dim_ok[None, :],
+            v = tl.load(v_rows[:, None] + dims[None, :],
+                        mask=k_ok[:, None] & dim_ok[None, :],
                         other=0)  # [TILE_N, HEAD_PAD]
-            k = _dequantize(k, KV_FORMAT, q.dtype)  # auto: only the interpreter's bf16 upcast
+            # auto: only the interpreter's bf16 upcast
+            k = _dequantize(k, KV_FORMAT, q.dtype)
             v = _dequantize(v, KV_FORMAT, q.dtype)
         # --8<-- [end:tile_addresses]
 
@@ -361,8 +375,8 @@ def _paged_attention_kernel(
             s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
             s = s * qk_scale
             if PER_TOKEN:  # each key column times its own scale
-                s = s * _load_scales(k_scale_ptr, block, slot, kv_head, stride_sb, stride_ss,
-                                     stride_sh, k_ok)[None, :]
+                s = s * _load_scales(k_scale_ptr, block, slot, kv_head, stride_sb,
+                                     stride_ss, stride_sh, k_ok)[None, :]
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if SLIDING:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
@@ -395,15 +409,17 @@ def _paged_attention_kernel(
     if NUM_SPLITS == 1:
         dst = out_ptr + token * stride_ot + head * stride_oh  # [BLOCK_M]: each row's start
         factor = 1.0 / tl.where(l_i > 0, l_i, 1.0)  # no key seen (padding rows): acc = 0
-    else:  # a partial: every split writes one, even an empty split (m = -inf, l = 0, acc = 0)
+    else:  # a partial: every split writes one, even an empty one (m = -inf, l = 0, acc = 0)
         part = (token * tl.num_programs(1) * GROUP + head) * NUM_SPLITS + split  # [BLOCK_M]
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
         dst = part_acc_ptr + part * HEAD_PAD  # [BLOCK_M]
         factor = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     if FP8:
-        factor = factor * tl.load(v_scale_ptr)  # sum_j p_j (v_scale v_j) = v_scale sum_j p_j v_j
-    if INT4:  # the halves side by side: element d, then d + HEAD_DIM / 2, both plus V's zeros
+        # sum_j p_j (v_scale v_j) = v_scale sum_j p_j v_j
+        factor = factor * tl.load(v_scale_ptr)
+    # int4: the halves side by side, element d then d + HEAD_DIM / 2, both plus V's zeros
+    if INT4:
         mask = row_ok[:, None] & half_ok[None, :]
         tl.store(dst[:, None] + halves[None, :],
                  ((acc_lo + acc_zero[:, None]) * factor[:, None]).to(dst.dtype.element_ty),
@@ -412,7 +428,8 @@ def _paged_attention_kernel(
                  ((acc_hi + acc_zero[:, None]) * factor[:, None]).to(dst.dtype.element_ty),
                  mask=mask)
     else:
-        tl.store(dst[:, None] + dims[None, :], (acc * factor[:, None]).to(dst.dtype.element_ty),
+        tl.store(dst[:, None] + dims[None, :],
+                 (acc * factor[:, None]).to(dst.dtype.element_ty),
                  mask=row_ok[:, None] & dim_ok[None, :])
     # --8<-- [end:finish]
 
@@ -430,7 +447,8 @@ def _combine_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,  # NUM_SPLITS rounded up to a power of two
 ):
-    """One (token, head) per program: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
+    """One (token, head) per program:
+    out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
@@ -441,7 +459,8 @@ def _combine_splits_kernel(
     l_s = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0)
     dim_ok = dims < HEAD_DIM  # a partial's padding columns are never written
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :],
-                  mask=split_ok[:, None] & dim_ok[None, :], other=0.0)  # [SPLITS_PAD, HEAD_PAD]
+                  mask=split_ok[:, None] & dim_ok[None, :],
+                  other=0.0)  # [SPLITS_PAD, HEAD_PAD]
     m_max = tl.max(m, axis=0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     weight = tl.exp2(m - m_safe)  # 0 for an empty split
@@ -459,13 +478,14 @@ def _num_sms(index: int) -> int:
 
 
 # --8<-- [start:choose_num_splits]
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int,
-                      num_sms: int = 132) -> int:
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_query_len: int,
+                      max_seq_len: int, num_sms: int = 132) -> int:
     """Flash-decoding's split count: how many programs share one sequence's keys.
 
-    Only batches of decodes split (a prefill brings enough query blocks of its own). Aim at
-    PROGRAMS_PER_SM programs per multiprocessor, but never give a split fewer than
-    MIN_KEYS_PER_SPLIT keys of the longest context, and never more than MAX_SPLITS splits.
+    Only batches of decodes split (a prefill brings enough query blocks of its own). Aim
+    at PROGRAMS_PER_SM programs per multiprocessor, but never give a split fewer than
+    MIN_KEYS_PER_SPLIT keys of the longest context, and never more than MAX_SPLITS
+    splits.
     """
     if max_query_len > 1 or num_seqs == 0:
         return 1

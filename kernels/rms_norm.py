@@ -26,7 +26,7 @@ from .runtime import kernel_runner
 # --8<-- [start:kernel]
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr,          # [T, hidden] rows (residual ignored unless HAS_RESIDUAL)
+    x_ptr, residual_ptr,          # [T, hidden] rows (residual: only with HAS_RESIDUAL)
     weight_ptr,                   # [hidden]
     out_ptr, new_residual_ptr,    # [T, hidden] contiguous outputs
     stride_x, stride_r,           # row strides of x and residual
@@ -39,8 +39,8 @@ def _rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        # Round the sum to the model dtype, as the twin's `x + residual` does: the statistics
-        # below (and the next layer) see exactly the residual that is stored.
+        # Round the sum to the model dtype, as the twin's `x + residual` does: the
+        # statistics below (and the next layer) see exactly the residual that is stored.
         x = (x + r.to(tl.float32)).to(new_residual_ptr.dtype.element_ty)
         tl.store(new_residual_ptr + row * hidden + cols, x, mask=mask)
         x = x.to(tl.float32)

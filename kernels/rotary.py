@@ -30,41 +30,49 @@ from .runtime import kernel_runner
 # --8<-- [start:kernel]
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr,                 # [T, heads, head_dim], [T, kv_heads, head_dim]; last dim 1
+    # [T, heads, head_dim], [T, kv_heads, head_dim]; last dim stride 1
+    q_ptr, k_ptr,
     positions_ptr,                # [T] integer positions
     inv_freq_ptr,                 # [head_dim / 2] float32
     stride_qt, stride_qh, stride_kt, stride_kh,
     num_heads, num_kv_heads, half,  # half = head_dim / 2
-    q_tiles,                      # tiles of BLOCK_H heads that cover q; the rest cover k
+    q_tiles,                      # tiles of BLOCK_H heads that cover q; the rest, k
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    # One launch rotates q and k: the first q_tiles programs of a token take q's heads, the
-    # others k's. Only scalars differ between the two cases; the code below is shared.
+    # One launch rotates q and k: the first q_tiles programs of a token take q's heads,
+    # the others k's. Only scalars differ between the two cases; the code below is
+    # shared.
     if tile < q_tiles:
         row, stride_h, heads_here, first_head = \
             q_ptr + token * stride_qt, stride_qh, num_heads, tile * BLOCK_H
     else:
         row, stride_h, heads_here, first_head = \
-            k_ptr + token * stride_kt, stride_kh, num_kv_heads, (tile - q_tiles) * BLOCK_H
+            k_ptr + token * stride_kt, stride_kh, num_kv_heads, \
+            (tile - q_tiles) * BLOCK_H
 
-    dims = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]; BLOCK_HALF >= half (40, 48 pad to 64)
-    # float32 angles, as in the twin: position.float() * inv_freq. Large positions need the
-    # float32 product and float32 cos/sin; only the final values are rounded to q's dtype.
+    # [BLOCK_HALF]; BLOCK_HALF >= half (40, 48 pad to 64)
+    dims = tl.arange(0, BLOCK_HALF)
+    # float32 angles, as in the twin: position.float() * inv_freq. Large positions need
+    # the float32 product and float32 cos/sin; only the final values are rounded to q's
+    # dtype.
     position = tl.load(positions_ptr + token).to(tl.float32)
-    angle = position * tl.load(inv_freq_ptr + dims, mask=dims < half, other=0.0)  # [BLOCK_HALF]
+    # [BLOCK_HALF]
+    angle = position * tl.load(inv_freq_ptr + dims, mask=dims < half, other=0.0)
     cos = tl.cos(angle)[None, :]  # [1, BLOCK_HALF], shared by every head of the tile
     sin = tl.sin(angle)[None, :]
 
     heads = first_head + tl.arange(0, BLOCK_H)  # [BLOCK_H]
-    mask = (heads[:, None] < heads_here) & (dims[None, :] < half)  # [BLOCK_H, BLOCK_HALF]
+    # [BLOCK_H, BLOCK_HALF]
+    mask = (heads[:, None] < heads_here) & (dims[None, :] < half)
     first = row + heads[:, None] * stride_h + dims[None, :]  # features [0, d/2)
     second = first + half  # features [d/2, d)
     x1 = tl.load(first, mask=mask, other=0.0)
     x2 = tl.load(second, mask=mask, other=0.0)
     out_ty = x1.dtype
-    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)  # float32 math, one rounding at the end
+    # float32 math, one rounding at the end
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
     tl.store(first, (x1 * cos - x2 * sin).to(out_ty), mask=mask)
     tl.store(second, (x2 * cos + x1 * sin).to(out_ty), mask=mask)
 # --8<-- [end:kernel]

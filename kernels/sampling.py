@@ -206,8 +206,10 @@ def _sample_kernel(
     temperature_ptr,  # [S] float32
     streams_ptr, positions_ptr,  # [S] int64 each
     blocked_ptr,  # [S, num_blocked] int64, padded with -1
-    topk_bound_ptr,  # [S] float32: the k-th largest scaled logit, -inf when top-k is off
-    keep_from_ptr,  # [S] float32: the smallest surviving scaled logit, -inf when nothing is cut
+    # [S] float32: the k-th largest scaled logit, -inf when top-k is off
+    topk_bound_ptr,
+    # [S] float32: the smallest surviving scaled logit, -inf when nothing is cut
+    keep_from_ptr,
     token_ptr,  # out [S] int64
     logprob_ptr, raw_max_ptr, raw_log_sum_ptr,  # out [S] float32 each
     vocab, stride, num_blocked,
@@ -233,8 +235,8 @@ def _sample_kernel(
     raw_max = tl.max(raw_max, axis=0)
     blocked_max, token = _reduce_first_argmax(best, best_index)  # the greedy token
 
-    # Pass 2: the softmax denominators, sum(exp(x - max)) in float32. Scaling by a positive
-    # temperature keeps the order, so the scaled max is the scaled blocked max.
+    # Pass 2: the softmax denominators, sum(exp(x - max)) in float32. Scaling by a
+    # positive temperature keeps the order, so the scaled max is the scaled blocked max.
     drawn = temperature >= _GREEDY_BELOW
     temperature = tl.where(drawn, temperature, 1.0)  # a greedy row's 0 divides nothing
     scaled_max = tl.div_rn(blocked_max, temperature)
@@ -275,9 +277,11 @@ def _sample_kernel(
             scaled = _load_scaled(row_logits, row_blocked, num_blocked, tokens, vocab,
                                   temperature)
             p = _probability(scaled, scaled_max, scaled_sum, LIBDEVICE)
-            p = tl.where(scaled >= keep_from, p.to(tl.float64), 0.0) / mass  # renormalised
+            # renormalised
+            p = tl.where(scaled >= keep_from, p.to(tl.float64), 0.0) / mass
             race = p / -_log(_uniform(stream, position, tokens), LIBDEVICE)  # p / E
-            race = tl.where(tokens < vocab, race, _NEG_INF)  # lanes past the end never win
+            # lanes past the end never win
+            race = tl.where(tokens < vocab, race, _NEG_INF)
             race_best, race_index = _first_argmax(race_best, race_index, race, tokens)
         _, token = _reduce_first_argmax(race_best, race_index)
 

@@ -32,8 +32,9 @@ def _silu_and_mul_kernel(
     mask = cols < d
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
-    # silu(g) = g * sigmoid(g) = g / (1 + exp(-g)), in float32 even for bf16/fp16 inputs:
-    # exp(-g) would overflow fp16 below g = -11. (In float32 a huge exp is inf: g / inf = 0.)
+    # silu(g) = g * sigmoid(g) = g / (1 + exp(-g)), in float32 even for bf16/fp16
+    # inputs: exp(-g) would overflow fp16 below g = -11. (In float32 a huge exp is inf:
+    # g / inf = 0.)
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 # --8<-- [end:kernel]

@@ -13,13 +13,13 @@ from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
 
 # --8<-- [start:profile_num_blocks]
-def profile_num_blocks(model, backend, block_size: int, max_tokens: int, max_model_len: int,
-                       utilization: float) -> int:
+def profile_num_blocks(model, backend, block_size: int, max_tokens: int,
+                       max_model_len: int, utilization: float) -> int:
     """KV blocks that fit once the weights and a full step's activations are in memory.
 
-    One forward of max_tokens tokens (the most a step can compute, as sequences of at most
-    max_model_len tokens: positions stay inside the model's table) over a pool just large enough
-    for them; the peak it reaches is what every step may need.
+    One forward of max_tokens tokens (the most a step can compute, as sequences of at
+    most max_model_len tokens: positions stay inside the model's table) over a pool just
+    large enough for them; the peak it reaches is what every step may need.
     """
     cfg, device = model.config, next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -32,9 +32,11 @@ def profile_num_blocks(model, backend, block_size: int, max_tokens: int, max_mod
     k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
     v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
     seq_lens = torch.tensor(lens, dtype=torch.int32)  # [S]
-    starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],
+                          dtype=torch.int32)  # [S + 1]
     positions = torch.cat([torch.arange(n) for n in lens]).to(device)  # [max_tokens]
-    tables = torch.arange(blocks, dtype=torch.int32).view(len(lens), per_seq)  # [S, per_seq]
+    # [S, per_seq]
+    tables = torch.arange(blocks, dtype=torch.int32).view(len(lens), per_seq)
     slots = torch.cat([tables[i].long().repeat_interleave(block_size)[:n] * block_size
                        + torch.arange(n) % block_size for i, n in enumerate(lens)])
     md = AttentionMetadata(
@@ -56,11 +58,14 @@ def profile_num_blocks(model, backend, block_size: int, max_tokens: int, max_mod
     # In use now: the weights, the CUDA context, whatever else runs on the GPU.
     free, total = torch.cuda.mem_get_info(device)
     free_for_kv = utilization * total - (total - free) - activations
-    per_block = 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    per_block = (2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim
+                 * dtype.itemsize)
     num_blocks = int(free_for_kv // per_block)
     if num_blocks < 1:
-        raise ValueError(f"gpu_memory_utilization = {utilization} leaves no room for the KV cache "
-                         f"after {weights / 2**30:.2f} GiB of weights and {activations / 2**30:.2f}"
-                         " GiB of activations; raise it or lower max_num_batched_tokens")
+        raise ValueError(
+            f"gpu_memory_utilization = {utilization} leaves no room for the KV cache "
+            f"after {weights / 2**30:.2f} GiB of weights and "
+            f"{activations / 2**30:.2f} GiB of activations; raise it or lower "
+            "max_num_batched_tokens")
     return num_blocks
 # --8<-- [end:profile_num_blocks]

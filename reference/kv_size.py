@@ -53,8 +53,8 @@ class KVSize:
     @property
     def bytes_per_token_head(self) -> int:
         """One token's K (or V) for one KV head, its scale included."""
-        return kv_cache_format(self.kv_cache_dtype).bytes_per_token_head(self.head_dim,
-                                                                         self.dtype_bytes)
+        fmt = kv_cache_format(self.kv_cache_dtype)
+        return fmt.bytes_per_token_head(self.head_dim, self.dtype_bytes)
 
     @property
     def bytes_per_token(self) -> int:
@@ -152,13 +152,16 @@ def contiguous_capacity(s: KVSize, memory_bytes: int, context: int) -> int:
     return memory_bytes // s.bytes_for(context)
 
 
-def paged_capacity(s: KVSize, memory_bytes: int, mean_tokens: int, block_size: int = 16) -> int:
-    """Sequences of mean_tokens actual tokens each that fit in blocks of block_size slots.
+def paged_capacity(s: KVSize, memory_bytes: int, mean_tokens: int,
+                   block_size: int = 16) -> int:
+    """Sequences of mean_tokens actual tokens each that fit in block_size-slot blocks.
 
-    A paged sequence holds ceil(tokens / block_size) blocks and reserves nothing ahead, so the
-    answer depends on how long sequences really are, not on how long they are allowed to be.
+    A paged sequence holds ceil(tokens / block_size) blocks and reserves nothing ahead,
+    so the answer depends on how long sequences really are, not on how long they are
+    allowed to be.
     """
-    _check_positive(memory_bytes=memory_bytes, mean_tokens=mean_tokens, block_size=block_size)
+    _check_positive(memory_bytes=memory_bytes, mean_tokens=mean_tokens,
+                    block_size=block_size)
     num_blocks = memory_bytes // s.bytes_for(block_size)
     return num_blocks // math.ceil(mean_tokens / block_size)
 

@@ -154,13 +154,15 @@ class AsyncLLMEngine:
                 try:
                     self._apply_commands()
                     if self._stopping:
-                        self._fail_live(RuntimeError("the server is shutting down"), "abort")
+                        self._fail_live(RuntimeError("the server is shutting down"),
+                                        "abort")
                         return
                     if self.engine.has_unfinished_requests():
                         self._step()
-                except Exception as err:  # noqa: BLE001 - bookkeeping failed: end, don't hang
-                    log.exception("the engine thread failed outside a step; its live requests "
-                                  "end with an error")
+                except Exception as err:  # noqa: BLE001
+                    # bookkeeping failed: end the live requests rather than hang
+                    log.exception("the engine thread failed outside a step; its live "
+                                  "requests end with an error")
                     self._fail_live(err, "error")
                     self._wake.set()  # commands may be left in the queue: look again
         finally:

@@ -65,8 +65,8 @@ def select_beams(outputs: list[list[int]], scores: list[float], logprobs: torch.
 
     outputs[b], scores[b]: beam b's generated tokens and the sum of their logprobs;
     logprobs [B, vocab]: each beam's next-token log-probabilities.
-    Returns the survivors as (parent beam, token, new score), best first, and the candidates
-    that finished with end-of-sequence this step.
+    Returns the survivors as (parent beam, token, new score), best first, and the
+    candidates that finished with end-of-sequence this step.
     """
     k, vocab = params.beam_width, logprobs.shape[-1]
     eos = None if params.ignore_eos else eos_token_id
@@ -80,7 +80,8 @@ def select_beams(outputs: list[list[int]], scores: list[float], logprobs: torch.
             if rank < k:  # only a top-k candidate may finish, as in Hugging Face
                 tokens = outputs[parent] + [token]
                 finished.append(BeamSearchSequence(
-                    tokens, score, score / len(tokens) ** params.length_penalty, finished=True))
+                    tokens, score, score / len(tokens) ** params.length_penalty,
+                    finished=True))
             continue
         if len(survivors) < k:
             survivors.append((parent, token, score))

@@ -45,15 +45,17 @@ def sample_next(logits: torch.Tensor, temperature: float, seed: int, position: i
 def generate(model, prompt_ids, max_new_tokens: int = 32, *, temperature: float = 0.0,
              cache: str = "contiguous", eos_token_id: int | None = None,
              seed: int = 0) -> list[int]:
-    """The new token ids (at most max_new_tokens; fewer when eos_token_id is produced)."""
+    """The new token ids (at most max_new_tokens; fewer when eos_token_id is
+    produced)."""
     cfg = model.config
     tokens = check_prompt(prompt_ids, cfg.vocab_size)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     max_len = len(tokens) + max_new_tokens
     if max_len > cfg.max_position_embeddings:
-        raise ValueError(f"prompt ({len(tokens)}) + max_new_tokens ({max_new_tokens}) = {max_len} "
-                         f"exceeds the model's {cfg.max_position_embeddings} positions")
+        raise ValueError(f"prompt ({len(tokens)}) + max_new_tokens ({max_new_tokens}) "
+                         f"= {max_len} exceeds the model's "
+                         f"{cfg.max_position_embeddings} positions")
     kv = make_cache(model, cache, max_len)
     device = next(model.parameters()).device
     prompt_len = len(tokens)

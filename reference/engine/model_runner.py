@@ -45,8 +45,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """One forward over every scheduled token of every sequence, laid flat."""
-        attn = PagedAttention(inputs.attn_metadata, self.k_caches, self.v_caches, self.backend,
-                              self.kv_quant)
+        attn = PagedAttention(inputs.attn_metadata, self.k_caches, self.v_caches,
+                              self.backend, self.kv_quant)
         return self.model(inputs.input_ids, inputs.positions, attn,
                           logits_indices=inputs.logits_indices)  # [S, vocab]
     # --8<-- [end:execute]

@@ -22,7 +22,8 @@ class SamplingParams:
     n: int = 1  # samples per prompt (parallel sampling)
     temperature: float = 1.0  # 0 (or below 1e-5) is greedy
     top_k: int = -1  # keep the k most likely tokens; -1 keeps all
-    top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p
+    # keep the smallest set of tokens whose probability reaches top_p
+    top_p: float = 1.0
     seed: int | None = None  # sample i draws from its own generator seeded seed + i
     max_tokens: int = 16
     min_tokens: int = 0  # EOS and stop tokens are blocked until this many tokens exist
@@ -30,9 +31,10 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # return the top-k logprobs of every generated token
-    # "cumulative": every step that touches the request returns its output so far (streaming);
-    # "final_only": only the finished output (LLM.generate) — then nobody reads the text
-    # before the end, and it is decoded once, at the end, unless stop strings need it earlier.
+    # "cumulative": every step that touches the request returns its output so far
+    # (streaming); "final_only": only the finished output (LLM.generate) — then nobody
+    # reads the text before the end, and it is decoded once, at the end, unless stop
+    # strings need it earlier.
     output_kind: str = "cumulative"
     stop_strings: list[str] = field(init=False, repr=False)
     # --8<-- [end:params]

@@ -58,12 +58,14 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    padding_rows: list[int] = field(default_factory=list)  # static batching's wasted rows
+    # static batching's wasted rows
+    padding_rows: list[int] = field(default_factory=list)
     preempted: list[SequenceGroup] = field(default_factory=list)
     num_batched_tokens: int = 0
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst)
+    # (gpu, cpu), (cpu, gpu) and (src, dst) block pairs
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 # --8<-- [end:scheduler_output]
 
     def add(self, group: SequenceGroup, seq: Sequence, num_tokens: int) -> None:
@@ -125,7 +127,8 @@ class Scheduler:
         if self.config.batching == "static":
             return self._schedule_static(out)
         if not self.config.enable_chunked_prefill:
-            if not self.swapped:  # prefills first; a step that admits prompts decodes nothing
+            # prefills first; a step that admits prompts decodes nothing
+            if not self.swapped:
                 self._admit(out, chunked=False)
                 if out.scheduled:
                     return out
@@ -180,14 +183,18 @@ class Scheduler:
         while self.waiting:
             group = self.waiting[0]
             seqs = group.unfinished_seqs()  # several only when a forked group is recomputed
-            # Without chunking a sequence's prefill runs whole, so its longest one must fit;
-            # a recomputed forked group may spread its sequences' prefills over several steps
-            # (all n together could need more than the budget, and would never be admitted).
-            longest = max(s.num_uncomputed_tokens for s in seqs)  # prompt (+ output to redo)
-            if self._num_running_seqs() + group.max_running_seqs() > self.config.max_num_seqs:
+            # Without chunking a sequence's prefill runs whole, so its longest one must
+            # fit; a recomputed forked group may spread its sequences' prefills over
+            # several steps (all n together could need more than the budget, and would
+            # never be admitted). A sequence's uncomputed tokens: its prompt (+ output to
+            # redo).
+            longest = max(s.num_uncomputed_tokens for s in seqs)
+            seqs_after = self._num_running_seqs() + group.max_running_seqs()
+            if seqs_after > self.config.max_num_seqs:
                 break
             left = self._tokens_left(out)
-            if left == 0 or (not chunked and longest > left) or not self.kv.can_admit(group):
+            too_long = not chunked and longest > left
+            if left == 0 or too_long or not self.kv.can_admit(group):
                 break  # FCFS: whoever is behind the head waits too
             self.waiting.popleft()
             self.running.append(group)

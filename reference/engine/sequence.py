@@ -94,7 +94,8 @@ class SequenceGroup:
 
     # --8<-- [start:generator]
     def stream_for(self, index: int) -> int:
-        """Sample index's random stream: seed + index, wrapped to a signed 64-bit integer."""
+        """Sample index's random stream: seed + index, wrapped to a signed 64-bit
+        integer."""
         return (self.seed + index + 2**63) % 2**64 - 2**63
     # --8<-- [end:generator]
 

@@ -53,24 +53,27 @@ def _sample_indices(item: ScheduledSeq) -> list[int]:
 
 
 # --8<-- [start:sampling_row]
-def _sampling_row(item: ScheduledSeq, index: int, eos_token_id: int | None) -> SamplingRow:
+def _sampling_row(item: ScheduledSeq, index: int,
+                  eos_token_id: int | None) -> SamplingRow:
     group, seq, params = item.group, item.seq, item.group.sampling_params
     if group.is_beam_search:
-        return SamplingRow(temperature=0.0)  # beams are chosen from logprobs, not sampled
+        # beams are chosen from logprobs, not sampled
+        return SamplingRow(temperature=0.0)
     blocked = []
     if len(seq.output_token_ids) < params.min_tokens:  # too early to stop
         blocked = list(params.stop_token_ids)
         if eos_token_id is not None and not params.ignore_eos:
             blocked.append(eos_token_id)
-    return SamplingRow(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                       stream=group.stream_for(index), position=len(seq.output_token_ids),
-                       blocked_token_ids=blocked, num_logprobs=params.logprobs or 0)
+    return SamplingRow(temperature=params.temperature, top_k=params.top_k,
+                       top_p=params.top_p, stream=group.stream_for(index),
+                       position=len(seq.output_token_ids), blocked_token_ids=blocked,
+                       num_logprobs=params.logprobs or 0)
 # --8<-- [end:sampling_row]
 
 
 # --8<-- [start:prepare_inputs]
-def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int, eos_token_id: int | None,
-                   device: torch.device) -> StepInputs:
+def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
+                   eos_token_id: int | None, device: torch.device) -> StepInputs:
     ids, positions, slots, tables, seq_lens, starts = [], [], [], [], [], [0]
     rows, logits_indices = [], []
     for item in sched.scheduled:
@@ -83,18 +86,21 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int, eos_token_id: in
         tables.append(kv.block_table(seq))
         seq_lens.append(end)
         starts.append(len(ids))
-        if item.samples:  # the step reaches the sequence's last token: it predicts the next
+        # the step reaches the sequence's last token: it predicts the next one
+        if item.samples:
             for index in _sample_indices(item):
                 rows.append(LogitsRow(item, index))
                 logits_indices.append(len(ids) - 1)
-    for n in sched.padding_rows:  # static batching computes pad rows, stores and samples none
+    # static batching computes pad rows, stores and samples none
+    for n in sched.padding_rows:
         ids += [0] * n
         positions += range(n)
         slots += [-1] * n
 
     max_blocks = max((len(t) for t in tables), default=0)
-    block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
-                                dtype=torch.int32).view(len(tables), max_blocks)  # [B, max_blocks]
+    block_tables = torch.tensor(
+        [t + [0] * (max_blocks - len(t)) for t in tables],
+        dtype=torch.int32).view(len(tables), max_blocks)  # [B, max_blocks]
     seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)  # [B]
     query_start_loc_cpu = torch.tensor(starts, dtype=torch.int32)  # [B + 1]
     attn = AttentionMetadata(
@@ -104,11 +110,13 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int, eos_token_id: in
         query_start_loc=query_start_loc_cpu.to(device),
         seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu)
     sampling = SamplingMetadata.from_rows(
-        [_sampling_row(r.item, r.sample_index, eos_token_id) for r in rows], vocab_size, device)
+        [_sampling_row(r.item, r.sample_index, eos_token_id) for r in rows],
+        vocab_size, device)
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),  # [T]
         positions=torch.tensor(positions, dtype=torch.int64, device=device),  # [T]
         attn_metadata=attn,
-        logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),  # [S]
+        logits_indices=torch.tensor(logits_indices, dtype=torch.int64,
+                                    device=device),  # [S]
         rows=rows, sampling=sampling)
 # --8<-- [end:prepare_inputs]

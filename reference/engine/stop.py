@@ -5,15 +5,15 @@ from .sequence import Sequence, SequenceStatus
 
 
 # --8<-- [start:check_stop]
-def check_stop(seq: Sequence, new_text: str, params: SamplingParams, eos_token_id: int | None,
-               max_model_len: int) -> None:
-    """After the sequence's newest token (whose text is new_text) was appended: finish it if
-    it should end here. A stop string ends the text just before it.
+def check_stop(seq: Sequence, new_text: str, params: SamplingParams,
+               eos_token_id: int | None, max_model_len: int) -> None:
+    """After the sequence's newest token (whose text is new_text) was appended: finish
+    it if it should end here. A stop string ends the text just before it.
 
-    Before min_tokens tokens exist nothing but a length limit ends a sequence, and only text
-    produced after the first min_tokens tokens is searched for stop strings. The search looks
-    at the new text and the len(stop) - 1 characters before it, so a stop string split
-    across tokens is found, at O(new text) cost per step.
+    Before min_tokens tokens exist nothing but a length limit ends a sequence, and only
+    text produced after the first min_tokens tokens is searched for stop strings. The
+    search looks at the new text and the len(stop) - 1 characters before it, so a stop
+    string split across tokens is found, at O(new text) cost per step.
     """
     token, num_generated = seq.output_token_ids[-1], len(seq.output_token_ids)
     reason = stop_reason = None
@@ -25,7 +25,8 @@ def check_stop(seq: Sequence, new_text: str, params: SamplingParams, eos_token_i
             reason, stop_reason = "stop", token
         else:
             for stop in params.stop_strings:
-                start = max(seq.stop_search_from, len(text) - len(new_text) - len(stop) + 1)
+                start = max(seq.stop_search_from,
+                            len(text) - len(new_text) - len(stop) + 1)
                 at = text.find(stop, start)
                 if at != -1:
                     reason, stop_reason = "stop", stop
@@ -37,6 +38,6 @@ def check_stop(seq: Sequence, new_text: str, params: SamplingParams, eos_token_i
                            or len(seq) >= max_model_len):
         reason = "length"
     if reason is not None:
-        seq.status, seq.finish_reason, seq.stop_reason = (SequenceStatus.FINISHED, reason,
-                                                          stop_reason)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
 # --8<-- [end:check_stop]

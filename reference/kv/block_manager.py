@@ -41,9 +41,10 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.device = device
         self.ref_counts = [0] * num_blocks
-        # Free blocks, oldest first (at the start lowest ids first: block tables read easily).
-        # An OrderedDict is a doubly linked list with an index, like vLLM's free block queue:
-        # taking out the oldest block, or a given one (a prefix-cache hit), costs O(1).
+        # Free blocks, oldest first (at the start lowest ids first: block tables read
+        # easily). An OrderedDict is a doubly linked list with an index, like vLLM's
+        # free block queue: taking out the oldest block, or a given one (a prefix-cache
+        # hit), costs O(1).
         self.free_list: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     @property
@@ -52,21 +53,23 @@ class BlockPool:
 
     def allocate(self) -> int:
         if not self.free_list:
-            raise RuntimeError(f"no free {self.device} block: check can_allocate / can_append "
-                               "first")
+            raise RuntimeError(f"no free {self.device} block: check can_allocate / "
+                               "can_append first")
         block, _ = self.free_list.popitem(last=False)  # the oldest free block
         self.ref_counts[block] = 1
         return block
 
     def take(self, block: int) -> None:
-        """Allocate this free block (a prefix-cache hit on a block no one holds any more)."""
+        """Allocate this free block (a prefix-cache hit on a block no one holds any
+        more)."""
         del self.free_list[block]
         self.ref_counts[block] = 1
     # --8<-- [end:pool]
 
     # --8<-- [start:ref_counts]
     def share(self, block: int) -> None:
-        assert self.ref_counts[block] > 0, f"sharing {self.device} block {block}, which is free"
+        assert self.ref_counts[block] > 0, (
+            f"sharing {self.device} block {block}, which is free")
         self.ref_counts[block] += 1
 
     def release(self, block: int) -> None:
@@ -128,23 +131,28 @@ class BlockSpaceManager:
     # --8<-- [start:allocate]
     def allocate(self, seq_id: int, num_tokens: int,
                  token_ids: list[int] | None = None) -> list[int]:
-        """Blocks for a new sequence's first num_tokens (its prompt); returns its block table.
+        """Blocks for a new sequence's first num_tokens (its prompt); returns its block
+        table.
 
-        With prefix caching and token_ids given, the longest cached chain of full blocks is
-        reused (shared, counts up) and table.num_cached_tokens says how many tokens it covers.
+        With prefix caching and token_ids given, the longest cached chain of full blocks
+        is reused (shared, counts up) and table.num_cached_tokens says how many tokens it
+        covers.
         """
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks; free it first")
         # --8<-- [start:never_fits]
         needed = self.blocks_needed(num_tokens)
         if needed > self.gpu.num_blocks:
-            raise ValueError(f"{num_tokens} tokens need {needed} blocks of {self.block_size}, "
-                             f"more than the whole pool of {self.gpu.num_blocks}")
+            raise ValueError(f"{num_tokens} tokens need {needed} blocks of "
+                             f"{self.block_size}, more than the whole pool of "
+                             f"{self.gpu.num_blocks}")
         # --8<-- [end:never_fits]
         if self.num_new_blocks(num_tokens, token_ids) > self.gpu.num_free:
             raise RuntimeError(f"{needed} blocks needed, {self.gpu.num_free} free: "
                                "check can_allocate first")
-        reused = self.prefix_cache.lookup(token_ids) if self.prefix_cache and token_ids else []
+        reused = []
+        if self.prefix_cache and token_ids:
+            reused = self.prefix_cache.lookup(token_ids)
         blocks = []
         for _, block in reused:
             if self.gpu.ref_counts[block] == 0:  # freed but still cached: take it back
@@ -215,8 +223,8 @@ class BlockSpaceManager:
     def append_slot(self, seq_id: int) -> tuple[int, tuple[int, int] | None]:
         """Reserve the slot of the sequence's next token.
 
-        Returns (slot, copy): copy is (src_block, dst_block) when the last block was shared and
-        had to be copied before this write (copy-on-write), else None.
+        Returns (slot, copy): copy is (src_block, dst_block) when the last block was
+        shared and had to be copied before this write (copy-on-write), else None.
         """
         table = self._table(seq_id, device="gpu")
         copy = None
@@ -234,7 +242,8 @@ class BlockSpaceManager:
 
     # --8<-- [start:slot]
     def slot(self, seq_id: int, position: int) -> int:
-        """Row of the flat slot pool holding this token's K/V (in the pool the sequence is in)."""
+        """Row of the flat slot pool holding this token's K/V (in the pool the sequence
+        is in)."""
         table = self._lookup(seq_id)
         return table.blocks[position // self.block_size] * self.block_size + (
             position % self.block_size)

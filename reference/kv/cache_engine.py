@@ -88,11 +88,13 @@ class CacheEngine:
 
         if blocks_to_swap_out:
             pairs = torch.tensor(blocks_to_swap_out)  # [N, 2]
-            for src, dst in zip(caches(self.gpu_blocks), caches(self.cpu_blocks), strict=True):
+            for src, dst in zip(caches(self.gpu_blocks), caches(self.cpu_blocks),
+                                strict=True):
                 ops.swap_blocks(src, dst, pairs)
         if blocks_to_swap_in:
             pairs = torch.tensor(blocks_to_swap_in)  # [N, 2]
-            for src, dst in zip(caches(self.cpu_blocks), caches(self.gpu_blocks), strict=True):
+            for src, dst in zip(caches(self.cpu_blocks), caches(self.gpu_blocks),
+                                strict=True):
                 ops.swap_blocks(src, dst, pairs)
         if blocks_to_copy:
             pairs = torch.tensor(blocks_to_copy, device=self.device)  # [N, 2]

@@ -103,7 +103,8 @@ class ContiguousAllocator:
         self._check_lengths(prompt_len, output_len)
         if self.policy == "max":
             return self.max_len  # room for the longest sequence the model allows
-        if self.policy == "pow2":  # the output rounded up: at most 2x over, never past max_len
+        # pow2: the output rounded up, at most 2x over, never past max_len
+        if self.policy == "pow2":
             return min(prompt_len + next_power_of_two(output_len), self.max_len)
         return prompt_len + output_len  # oracle: exactly what the request will use
     # --8<-- [end:reservation]
@@ -141,7 +142,8 @@ class ContiguousAllocator:
 
     # --8<-- [start:allocate]
     def allocate(self, request_id: int, prompt_len: int, output_len: int) -> int:
-        """Reserve a slab for a new request and fill its prompt's slots; returns the slab start.
+        """Reserve a slab for a new request and fill its prompt's slots; returns the slab
+        start.
 
         ValueError when the request could never fit (bigger than the whole space, or than
         max_len) or already holds a slab; RuntimeError when it only has to wait (no gap fits
@@ -159,7 +161,8 @@ class ContiguousAllocator:
             largest = max((size for _, size in self.gaps()), default=0)
             raise RuntimeError(f"no free gap of {length} slots (the largest is {largest}): "
                                "check can_allocate first")
-        slab = Slab(request_id, start, length, prompt_len, output_len, num_tokens=prompt_len)
+        slab = Slab(request_id, start, length, prompt_len, output_len,
+                    num_tokens=prompt_len)
         bisect.insort(self.slabs, slab, key=lambda s: s.start)
         self._by_id[request_id] = slab
         return start
@@ -208,7 +211,8 @@ class ContiguousAllocator:
         fragmentation, the rest of the free slots are free.
         """
         token_states = sum(s.num_tokens for s in self.slabs)
-        reserved = sum(s.will_use - s.num_tokens for s in self.slabs)  # future tokens' slots
+        # slots held for the future tokens
+        reserved = sum(s.will_use - s.num_tokens for s in self.slabs)
         internal = sum(s.length - s.will_use for s in self.slabs)  # never to be used
         need = None if next_request is None else self.reservation(*next_request)
         gap_sizes = [size for _, size in self.gaps()]

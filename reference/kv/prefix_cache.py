@@ -20,8 +20,10 @@ import hashlib
 
 # --8<-- [start:block_key]
 def block_key(parent: str | None, token_ids: list[int]) -> str:
-    """The key of a full block: its tokens and, through the parent's key, all tokens before."""
-    return hashlib.sha256(f"{parent}|{','.join(map(str, token_ids))}".encode()).hexdigest()[:32]
+    """The key of a full block: its tokens and, through the parent's key, all tokens
+    before."""
+    text = f"{parent}|{','.join(map(str, token_ids))}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 # --8<-- [end:block_key]
 
 
@@ -35,11 +37,12 @@ class PrefixCache:
 
     # --8<-- [start:lookup]
     def lookup(self, token_ids: list[int]) -> list[tuple[str, int]]:
-        """(key, block) of the longest cached chain of full blocks at the start of token_ids,
-        leaving at least the last token to compute."""
+        """(key, block) of the longest cached chain of full blocks at the start of
+        token_ids, leaving at least the last token to compute."""
         found, parent = [], None
-        for i in range((len(token_ids) - 1) // self.block_size):
-            key = block_key(parent, token_ids[i * self.block_size: (i + 1) * self.block_size])
+        size = self.block_size
+        for i in range((len(token_ids) - 1) // size):
+            key = block_key(parent, token_ids[i * size: (i + 1) * size])
             if key not in self.block_of:
                 break
             found.append((key, self.block_of[key]))

@@ -24,14 +24,16 @@ from ..ops.kv_quant import KVCacheQuant
 # --8<-- [start:metadata]
 @dataclass
 class AttentionMetadata:
-    """Where the step's tokens go and what each sequence's queries may read (vLLM's names).
+    """Where the step's tokens go and what each sequence's queries may read (vLLM's
+    names).
 
     B sequences, T tokens in all:
     slot_mapping [T]             slot of each new token's K/V (-1: padding, not stored)
     block_tables [B, max_blocks] each sequence's physical blocks, int32, padded
-    seq_lens [B]                 tokens in the cache per sequence once this step's are stored
+    seq_lens [B]                 tokens in the cache per sequence, this step's included
     query_start_loc [B + 1]      sequence b's tokens are rows query_start_loc[b]:[b + 1]
-    seq_lens_cpu, query_start_loc_cpu: host copies, for loop bounds without a device sync
+    seq_lens_cpu, query_start_loc_cpu: host copies, for loop bounds without a device
+    sync
     """
 
     slot_mapping: torch.Tensor
@@ -47,7 +49,8 @@ class AttentionMetadata:
 
 # --8<-- [start:paged_context]
 class PagedAttention:
-    """The engine's attention context: store the step's K/V by slot, then paged attention."""
+    """The engine's attention context: store the step's K/V by slot, then paged
+    attention."""
 
     def __init__(self, metadata: AttentionMetadata, k_caches: list[torch.Tensor],
                  v_caches: list[torch.Tensor], backend: Backend = REFERENCE_BACKEND,
@@ -56,21 +59,23 @@ class PagedAttention:
         self.backend, self.quant = backend, quant or KVCacheQuant()
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the step's new K/V [T, kv_heads, head_dim] at their slots, as the pool stores
-        them (quantized for a quantized kv_cache_dtype)."""
+        """Write the step's new K/V [T, kv_heads, head_dim] at their slots, as the pool
+        stores them (quantized for a quantized kv_cache_dtype)."""
         md = self.metadata
         if self.quant.calculate_scales:
             real = md.slot_mapping >= 0  # [T]: padding rows must not set a scale
             self.quant.calibrate(layer, k[real], v[real])
-        self.backend.store_kv(k, v, self.k_caches[layer], self.v_caches[layer], md.slot_mapping,
-                              *self.quant.args(layer))
+        self.backend.store_kv(k, v, self.k_caches[layer], self.v_caches[layer],
+                              md.slot_mapping, *self.quant.args(layer))
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor, scale: float,
                sliding_window: int | None = None) -> torch.Tensor:
-        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
+        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim]
+        -> [T, heads, head_dim]."""
         H = self.quant.rotation
-        if H is not None:  # int4: a rotated row spreads a large channel over all of them
+        # int4: a rotated row spreads a large channel over all of them
+        if H is not None:
             q, k, v = (rotate(x, H) for x in (q, k, v))
         self.store(layer, k, v)
         out = self.read(layer, q, scale, sliding_window)  # [T, heads, head_dim]
@@ -78,11 +83,13 @@ class PagedAttention:
 
     def read(self, layer: int, q: torch.Tensor, scale: float,
              sliding_window: int | None = None) -> torch.Tensor:
-        """Paged attention of q over the layer's cache (this step's K/V already stored)."""
+        """Paged attention of q over the layer's cache (this step's K/V already
+        stored)."""
         md = self.metadata
         return self.backend.paged_attention(
-            q, self.k_caches[layer], self.v_caches[layer], md.block_tables, md.seq_lens_cpu,
-            md.query_start_loc_cpu, scale, sliding_window, *self.quant.args(layer))
+            q, self.k_caches[layer], self.v_caches[layer], md.block_tables,
+            md.seq_lens_cpu, md.query_start_loc_cpu, scale, sliding_window,
+            *self.quant.args(layer))
 
 
 def rotate(x: torch.Tensor, H: torch.Tensor) -> torch.Tensor:

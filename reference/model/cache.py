@@ -19,9 +19,11 @@ from ..ops import REFERENCE_BACKEND, causal_attention
 
 # --8<-- [start:one_sequence]
 class OneSequenceCache:
-    """What the two caches below share: attend = store_and_fetch, then causal attention."""
+    """What the two caches below share: attend = store_and_fetch, then causal
+    attention."""
 
-    backend = REFERENCE_BACKEND  # the ops the model's layers use (norms, rotary, activation)
+    # the ops the model's layers use (norms, rotary, activation)
+    backend = REFERENCE_BACKEND
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                positions: torch.Tensor, scale: float,
@@ -36,28 +38,34 @@ class OneSequenceCache:
 class NoCache(OneSequenceCache):
     """Recompute the whole prefix every step: O(n²) work for n generated tokens."""
 
-    num_cached_tokens = 0  # nothing is stored, so the caller must feed every token each step
+    # nothing is stored, so the caller must feed every token each step
+    num_cached_tokens = 0
 
-    def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def store_and_fetch(
+        self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return k, v, positions  # attend to exactly the tokens that were fed
 # --8<-- [end:no_cache]
 
 
 # --8<-- [start:contiguous_cache]
 class ContiguousCache(OneSequenceCache):
-    """One sequence's K and V in slabs reserved for max_len tokens, written in position order."""
+    """One sequence's K and V in slabs reserved for max_len tokens, written in position
+    order."""
 
     def __init__(self, num_layers: int, max_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+                 dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
         shape = (num_layers, max_len, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, max_len, kv_heads, hd]
+        # [layers, max_len, kv_heads, head_dim]
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.num_cached_tokens = 0  # positions [0, num_cached_tokens) hold valid K/V
 
-    def store_and_fetch(self, layer: int, positions: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def store_and_fetch(
+        self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         end = int(positions[-1]) + 1
         if end > self.max_len:
             raise ValueError(f"position {end - 1} does not fit a cache reserved for "
@@ -66,7 +74,8 @@ class ContiguousCache(OneSequenceCache):
         self.v[layer, positions] = v
         self.num_cached_tokens = max(self.num_cached_tokens, end)
         # The new queries see the stored prefix and themselves: positions [0, end).
-        return self.k[layer, :end], self.v[layer, :end], torch.arange(end, device=k.device)
+        key_positions = torch.arange(end, device=k.device)
+        return self.k[layer, :end], self.v[layer, :end], key_positions
 # --8<-- [end:contiguous_cache]
 
     def nbytes(self) -> int:

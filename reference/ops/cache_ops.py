@@ -16,22 +16,26 @@ from .kv_quant import quantize_kv
 
 
 # --8<-- [start:store_kv]
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
-             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             kv_cache_dtype: str = "auto", k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> None:
     """Write the step's new K and V rows [T, kv_heads, head_dim] at their slots [T].
 
-    A slot of -1 marks a row whose K/V must not be kept (padding): it is skipped. A quantized
-    kv_cache_dtype stores the rows quantized: fp8 divides by the layer's k_scale / v_scale [1];
-    int8 and int4 compute each row's scale (int4: scale and zero) and write it at the same slot
-    of k_scale / v_scale [num_blocks, block_size, kv_heads] (int4: [..., 2]).
+    A slot of -1 marks a row whose K/V must not be kept (padding): it is skipped. A
+    quantized kv_cache_dtype stores the rows quantized: fp8 divides by the layer's
+    k_scale / v_scale [1]; int8 and int4 compute each row's scale (int4: scale and zero)
+    and write it at the same slot of k_scale / v_scale
+    [num_blocks, block_size, kv_heads] (int4: [..., 2]).
     """
     keep = slot_mapping >= 0  # [T]
     if not bool(keep.all()):
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
-        data, row_scales = quantize_kv(x, kv_cache_dtype, scale)  # [T, kvh, stored], [T, kvh]
-        cache.view(-1, *cache.shape[2:])[slot_mapping] = data  # flat view: one row per slot
+        # [T, kv_heads, stored], [T, kv_heads] (int4: [T, kv_heads, 2]) or None
+        data, row_scales = quantize_kv(x, kv_cache_dtype, scale)
+        # a flat view: one row per slot
+        cache.view(-1, *cache.shape[2:])[slot_mapping] = data
         if row_scales is not None:
             scale.view(-1, *scale.shape[2:])[slot_mapping] = row_scales
 # --8<-- [end:store_kv]
@@ -40,8 +44,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 # --8<-- [start:copy_blocks]
 def copy_blocks(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                 block_mapping: torch.Tensor) -> None:
-    """Copy-on-write for a whole step: for each (src, dst) row of block_mapping [N, 2], block
-    dst becomes a copy of block src, in every layer, K and V."""
+    """Copy-on-write for a whole step: for each (src, dst) row of block_mapping [N, 2],
+    block dst becomes a copy of block src, in every layer, K and V."""
     if block_mapping.numel() == 0:
         return
     src, dst = block_mapping[:, 0], block_mapping[:, 1]

@@ -62,14 +62,18 @@ class KVCacheFormat:
     name: str  # auto | fp8_e4m3 | fp8_e5m2 | int8 | int4
     storage_dtype: torch.dtype | None  # None: the model's dtype
     scales: str  # "none" | "per_tensor" | "per_token_head"
-    qmax: float  # the largest magnitude stored (448, 57344, 127; int4: the top level, 15)
+    # the largest magnitude stored (448, 57344, 127; int4: the top level, 15)
+    qmax: float
     values_per_byte: int = 1  # int4: 2
     zero_point: bool = False  # int4: a (scale, zero) pair per token and head
-    rotated: bool = False  # int4: the attention context stores and reads Hadamard-rotated rows
+    # int4: the attention context stores and reads Hadamard-rotated rows
+    rotated: bool = False
 
     def storage_head_dim(self, head_dim: int) -> int:
         """Elements of the storage dtype per [head_dim] row."""
-        return head_dim // self.values_per_byte if self.values_per_byte > 1 else head_dim
+        if self.values_per_byte > 1:
+            return head_dim // self.values_per_byte
+        return head_dim
 
     def dtype_of(self, model_dtype: torch.dtype) -> torch.dtype:
         return self.storage_dtype or model_dtype
@@ -77,9 +81,11 @@ class KVCacheFormat:
     scale_dtype = SCALE_DTYPE  # of per-token-head scales
 
     def bytes_per_token_head(self, head_dim: int, model_dtype_bytes: int) -> int:
-        """Bytes one token costs for one KV head and one of K or V, its scale included."""
+        """Bytes one token costs for one KV head and one of K or V, its scale
+        included."""
         item = self.storage_dtype.itemsize if self.storage_dtype else model_dtype_bytes
-        return self.storage_head_dim(head_dim) * item + self.scale_numel * SCALE_DTYPE.itemsize
+        return (self.storage_head_dim(head_dim) * item
+                + self.scale_numel * SCALE_DTYPE.itemsize)
 
     @property
     def scale_numel(self) -> int:
@@ -120,14 +126,17 @@ def round_half_up(y: torch.Tensor) -> torch.Tensor:
 
 
 # --8<-- [start:fp8]
-def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, fmt: KVCacheFormat) -> torch.Tensor:
-    """x [...] -> fp8 [...]: x / scale, clipped to the format's range (saturate, never inf/NaN),
-    then rounded to the nearest fp8 value. scale: [1] float32, the layer's k_scale or v_scale."""
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor,
+                 fmt: KVCacheFormat) -> torch.Tensor:
+    """x [...] -> fp8 [...]: x / scale, clipped to the format's range (saturate, never
+    inf/NaN), then rounded to the nearest fp8 value. scale: [1] float32, the layer's
+    k_scale or v_scale."""
     y = x.float() / scale  # [...]
     return y.clamp(-fmt.qmax, fmt.qmax).to(fmt.storage_dtype)
 
 
-def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
     return (data.float() * scale).to(dtype)
 # --8<-- [end:fp8]
 
@@ -138,11 +147,12 @@ def quantize_per_token_head(x: torch.Tensor, fmt: KVCacheFormat
     """x [..., head_dim] -> (data, scales): per row (a token's K or V for one KV head).
 
     int8, symmetric: scale = largest |x| / 127, scales [...]. int4, asymmetric: scale =
-    (max - min) / 15 and zero = min, scales [..., 2] = (scale, zero). Both are rounded to
-    bfloat16 (what is stored) before the values are quantized with them, so that dequantizing
-    is off by at most half a step, |x - x̂| <= scale / 2 (int4: plus the zero's bf16 rounding).
-    A row of equal values (all zeros, say) gets scale 1.
-    int8: data int8 [..., head_dim]; int4: data uint8 [..., head_dim / 2], two values per byte.
+    (max - min) / 15 and zero = min, scales [..., 2] = (scale, zero). Both are rounded
+    to bfloat16 (what is stored) before the values are quantized with them, so that
+    dequantizing is off by at most half a step, |x - x̂| <= scale / 2 (int4: plus the
+    zero's bf16 rounding). A row of equal values (all zeros, say) gets scale 1.
+    int8: data int8 [..., head_dim]; int4: data uint8 [..., head_dim / 2], two values
+    per byte.
     """
     x = x.float()
     if fmt.zero_point:
@@ -153,7 +163,8 @@ def quantize_per_token_head(x: torch.Tensor, fmt: KVCacheFormat
         scale = (x.abs().amax(dim=-1) / fmt.qmax).to(SCALE_DTYPE)  # [...]
         zero = torch.zeros_like(scale)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = round_half_up((x - zero.float()[..., None]) / scale.float()[..., None])  # [..., hd]
+    # [..., head_dim]
+    q = round_half_up((x - zero.float()[..., None]) / scale.float()[..., None])
     if fmt.values_per_byte == 1:
         return q.clamp(-fmt.qmax, fmt.qmax).to(torch.int8), scale
     half = x.shape[-1] // 2
@@ -162,12 +173,14 @@ def quantize_per_token_head(x: torch.Tensor, fmt: KVCacheFormat
     return packed, torch.stack([scale, zero], dim=-1)  # scales [..., 2]
 
 
-def dequantize_per_token_head(data: torch.Tensor, scales: torch.Tensor, fmt: KVCacheFormat,
-                              dtype: torch.dtype) -> torch.Tensor:
-    """(data [..., stored], scales [...] or int4's [..., 2]) -> [..., head_dim] in dtype."""
+def dequantize_per_token_head(data: torch.Tensor, scales: torch.Tensor,
+                              fmt: KVCacheFormat, dtype: torch.dtype) -> torch.Tensor:
+    """(data [..., stored], scales [...] or int4's [..., 2]) -> [..., head_dim] in
+    dtype."""
     if fmt.values_per_byte == 1:
         return (data.float() * scales.float()[..., None]).to(dtype)
-    q = torch.cat([data & 0xF, data >> 4], dim=-1).float()  # low nibbles: the first half
+    # the low nibbles are the first half
+    q = torch.cat([data & 0xF, data >> 4], dim=-1).float()
     scale, zero = scales.float().unbind(-1)  # [...] each
     return (q * scale[..., None] + zero[..., None]).to(dtype)
 # --8<-- [end:per_token_head]
@@ -190,8 +203,8 @@ def hadamard(head_dim: int, device=None) -> torch.Tensor:
 # --8<-- [start:dispatch]
 def quantize_kv(x: torch.Tensor, kv_cache_dtype: str, scale: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [T, kv_heads, head_dim] -> (what the cache stores, the per-token-head scales or None).
-    fp8 takes the layer's per-tensor scale."""
+    """x [T, kv_heads, head_dim] -> (what the cache stores, the per-token-head scales or
+    None). fp8 takes the layer's per-tensor scale."""
     fmt = kv_cache_format(kv_cache_dtype)
     if fmt.scales == "none":
         return x, None
@@ -202,8 +215,9 @@ def quantize_kv(x: torch.Tensor, kv_cache_dtype: str, scale: torch.Tensor | None
 
 def dequantize_kv(data: torch.Tensor, scale: torch.Tensor | None, kv_cache_dtype: str,
                   dtype: torch.dtype) -> torch.Tensor:
-    """What the cache stores (rows [..., stored]) -> values [..., head_dim] in dtype. scale: the
-    rows' per-token-head scales [...], or the layer's per-tensor scale [1] for fp8."""
+    """What the cache stores (rows [..., stored]) -> values [..., head_dim] in dtype.
+    scale: the rows' per-token-head scales [...], or the layer's per-tensor scale [1]
+    for fp8."""
     fmt = kv_cache_format(kv_cache_dtype)
     if fmt.scales == "none":
         return data.to(dtype)
@@ -223,22 +237,24 @@ def calculated_scale(x: torch.Tensor, constant: float) -> torch.Tensor:
 # --8<-- [start:quant]
 @dataclass
 class KVCacheQuant:
-    """How the pool's values are stored (``ops/kv_quant.py``) and their scales, per layer.
+    """How the pool stores its values (``ops/kv_quant.py``) and their scales, per layer.
 
-    kv_cache_dtype "auto" has none. fp8: k_scales[layer], v_scales[layer] are [1] float32, 1.0
-    or, with calculate_scales, set from the K/V of the first forward (the engine clears the flag
-    once that forward has finished: a failed one leaves it set, so no layer keeps a scale from a
-    batch that was thrown away). int8 / int4: [num_blocks, block_size, kv_heads] bfloat16 (int4:
-    [..., 2], scale and zero), per slot and KV head, written by store_kv with the values. int4
-    also has a rotation H: the context stores k H and v H, attends with q H (the scores are
-    unchanged, H is orthogonal) and rotates the output back.
+    kv_cache_dtype "auto" has none. fp8: k_scales[layer], v_scales[layer] are [1]
+    float32, 1.0 or, with calculate_scales, set from the K/V of the first forward (the
+    engine clears the flag once that forward has finished: a failed one leaves it set,
+    so no layer keeps a scale from a batch that was thrown away). int8 / int4:
+    [num_blocks, block_size, kv_heads] bfloat16 (int4: [..., 2], scale and zero), per
+    slot and KV head, written by store_kv with the values. int4 also has a rotation H:
+    the context stores k H and v H, attends with q H (the scores are unchanged, H is
+    orthogonal) and rotates the output back.
     """
 
     kv_cache_dtype: str = "auto"
     k_scales: list[torch.Tensor] = field(default_factory=list)
     v_scales: list[torch.Tensor] = field(default_factory=list)
     calculate_scales: bool = False
-    rotation: torch.Tensor | None = None  # int4: the Hadamard matrix [head_dim, head_dim]
+    # int4: the Hadamard matrix [head_dim, head_dim]
+    rotation: torch.Tensor | None = None
 
     @property
     def scales_per_tensor(self) -> bool:
@@ -248,11 +264,13 @@ class KVCacheQuant:
         """(kv_cache_dtype, k_scale, v_scale): the trailing arguments of store_kv and
         paged_attention for this layer; none for "auto"."""
         if self.kv_cache_dtype == "auto":
-            return ()  # nothing to add: an op written for unquantized caches works unchanged
+            # nothing to add: an op written for unquantized caches works unchanged
+            return ()
         return (self.kv_cache_dtype, self.k_scales[layer], self.v_scales[layer])
 
     def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """fp8's calculate_kv_scales: this layer's scales from the batch's real K/V rows."""
+        """fp8's calculate_kv_scales: this layer's scales from the batch's real K/V
+        rows."""
         self.k_scales[layer].copy_(calculated_scale(k, K_SCALE_CONSTANT))
         self.v_scales[layer].copy_(calculated_scale(v, V_SCALE_CONSTANT))
 # --8<-- [end:quant]

@@ -14,7 +14,8 @@ import torch
 def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
            inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, heads, head_dim] and k [T, kv_heads, head_dim] by positions [T]."""
-    angles = positions[:, None].float() * inv_freq.to(positions.device)[None, :]  # [T, hd/2]
+    # [T, head_dim / 2]
+    angles = positions[:, None].float() * inv_freq.to(positions.device)[None, :]
     angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]
     cos = angles.cos()[:, None, :]  # [T, 1, head_dim]
     sin = angles.sin()[:, None, :]

@@ -43,7 +43,8 @@ MIX_MULTIPLIER_2 = _int64(0x94D049BB133111EB)
 
 # --8<-- [start:random]
 def _shift_right(z: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's >> copies the sign bit in; mask it out)."""
+    """Logical right shift of int64 bits (torch's >> copies the sign bit in; mask it
+    out)."""
     return (z >> n) & ((1 << (64 - n)) - 1)
 
 
@@ -56,26 +57,28 @@ def _mix64(z: torch.Tensor) -> torch.Tensor:
 
 def random_uniform(streams: torch.Tensor, positions: torch.Tensor,
                    vocab_size: int) -> torch.Tensor:
-    """streams [S] int64, positions [S] int64 -> U [S, vocab_size] float64, strictly in (0, 1).
+    """streams [S] int64, positions [S] int64 -> U [S, vocab_size] float64, strictly in
+    (0, 1).
 
-    All arithmetic is on 64-bit words modulo 2**64 (uint64 in Triton; int64 with wrap-around
-    here), >>> is a logical right shift, ^ is xor:
+    All arithmetic is on 64-bit words modulo 2**64 (uint64 in Triton; int64 with
+    wrap-around here), >>> is a logical right shift, ^ is xor:
 
         mix64(z):  z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9
                    z = (z ^ (z >>> 27)) * 0x94D049BB133111EB
                    return z ^ (z >>> 31)
         G = 0x9E3779B97F4A7C15
-        a = mix64(stream + G)                      # one per row
-        b = mix64(a + (position + 1) * G)          # one per row
-        x = mix64(b + (token + 1) * G)             # one per (row, token), token in [0, vocab)
-        U = ((x >>> 12) + 0.5) * 2**-52            # exact in float64
+        a = mix64(stream + G)                # one per row
+        b = mix64(a + (position + 1) * G)    # one per row
+        x = mix64(b + (token + 1) * G)       # one per (row, token), token in [0, vocab)
+        U = ((x >>> 12) + 0.5) * 2**-52      # exact in float64
 
-    a is the first output of SplitMix64 seeded with the stream, b the (position+1)-th output of
-    SplitMix64 seeded with a, x the (token+1)-th output of SplitMix64 seeded with b. U keeps 52
-    bits so that k + 0.5 is exact in float64: its smallest value is 2**-53 and its largest
-    1 - 2**-53 (with 53 bits the largest would round up to 1.0).
+    a is the first output of SplitMix64 seeded with the stream, b the (position+1)-th
+    output of SplitMix64 seeded with a, x the (token+1)-th output of SplitMix64 seeded
+    with b. U keeps 52 bits so that k + 0.5 is exact in float64: its smallest value is
+    2**-53 and its largest 1 - 2**-53 (with 53 bits the largest would round up to 1.0).
     """
-    tokens = torch.arange(vocab_size, dtype=torch.int64, device=streams.device)  # [vocab]
+    # [vocab]
+    tokens = torch.arange(vocab_size, dtype=torch.int64, device=streams.device)
     a = _mix64(streams.long() + GOLDEN_GAMMA)  # [S]
     b = _mix64(a + (positions.long() + 1) * GOLDEN_GAMMA)  # [S]
     x = _mix64(b[:, None] + (tokens[None, :] + 1) * GOLDEN_GAMMA)  # [S, vocab]
@@ -156,11 +159,13 @@ def _blocked_mask(blocked_token_ids: torch.Tensor, vocab_size: int) -> torch.Ten
 # --8<-- [start:cut]
 def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor) -> torch.Tensor:
-    """Temperature-scaled logits [S, vocab] -> the renormalised distribution [S, vocab] float64
-    over the tokens that survive top_k, then top_p. Tied tokens survive or fall together.
+    """Temperature-scaled logits [S, vocab] -> the renormalised distribution [S, vocab]
+    float64 over the tokens that survive top_k, then top_p. Tied tokens survive or fall
+    together.
 
-    A row that asks for neither cut (top_k off, top_p = 1) is a plain softmax; only the rows
-    that cut are sorted. Which path a row takes depends on its own parameters alone.
+    A row that asks for neither cut (top_k off, top_p = 1) is a plain softmax; only the
+    rows that cut are sorted. Which path a row takes depends on its own parameters
+    alone.
     """
     S, vocab = scaled.shape
     probs = torch.softmax(scaled, dim=-1).double()  # [S, vocab]
@@ -171,37 +176,44 @@ def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor,
     return probs / probs.sum(dim=-1, keepdim=True)  # [S, vocab] float64
 
 
-def _cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The distribution [R, vocab] float64 (not yet renormalised) after the top_k and top_p
-    cuts, for rows that ask for at least one of them."""
+def _cut(scaled: torch.Tensor, top_k: torch.Tensor,
+         top_p: torch.Tensor) -> torch.Tensor:
+    """The distribution [R, vocab] float64 (not yet renormalised) after the top_k and
+    top_p cuts, for rows that ask for at least one of them."""
     R, vocab = scaled.shape
     positions = torch.arange(vocab, device=scaled.device).expand(R, vocab)  # [R, vocab]
     # Softmax does not change the order, so one sort serves both cuts.
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [R, vocab] each
+    # [R, vocab] each
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
 
     # top_k: everything strictly below the k-th largest value is out.
     k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)  # [R]
     kth = sorted_logits.gather(1, (k - 1)[:, None])  # [R, 1]
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1).double()  # [R, vocab], descending
+    # [R, vocab], descending
+    sorted_probs = torch.softmax(sorted_logits, dim=-1).double()
 
-    # top_p: keep a token iff the mass of the tokens strictly more probable than it is below
-    # top_p. That mass is the exclusive cumsum at the first position of the token's tie group.
+    # top_p: keep a token iff the mass of the tokens strictly more probable than it is
+    # below top_p. That mass is the exclusive cumsum at the first position of the
+    # token's tie group.
     cumsum = torch.cumsum(sorted_probs, dim=-1)  # [R, vocab]
     mass_before = torch.cat([torch.zeros_like(cumsum[:, :1]), cumsum[:, :-1]], dim=-1)
     starts_group = torch.ones_like(sorted_logits, dtype=torch.bool)  # [R, vocab]
     starts_group[:, 1:] = sorted_logits[:, 1:] != sorted_logits[:, :-1]
-    group_start = torch.where(starts_group, positions, 0).cummax(dim=-1).values  # [R, vocab]
+    # [R, vocab]
+    group_start = torch.where(starts_group, positions, 0).cummax(dim=-1).values
     mass_above = mass_before.gather(1, group_start)  # [R, vocab]
     cut_p = (top_p < 1)[:, None] & (mass_above >= top_p.double()[:, None])  # [R, vocab]
     sorted_probs = sorted_probs.masked_fill(cut_p, 0.0)
-    return torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)  # vocab order
+    # back in vocab order
+    return torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
 # --8<-- [end:cut]
 
 
 # --8<-- [start:sample]
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-    """logits [S, vocab] -> one token per row, its logprob and the rows' top logprobs."""
+    """logits [S, vocab] -> one token per row, its logprob and the rows' top
+    logprobs."""
     # --8<-- [start:raw_logprobs]
     logits = logits.float()  # [S, vocab]
     S, vocab = logits.shape
@@ -222,7 +234,8 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         scaled = logits[drawn] / md.temperature[drawn][:, None]  # [D, vocab]
         probs = _top_k_top_p(scaled, md.top_k[drawn], md.top_p[drawn])  # [D, vocab]
         # The exponential race: token i wins with probability p_i.
-        u = random_uniform(md.streams[drawn], md.positions[drawn], vocab)  # [D, vocab] f64
+        # [D, vocab] float64
+        u = random_uniform(md.streams[drawn], md.positions[drawn], vocab)
         race = probs / -torch.log(u)  # [D, vocab], p / E with E ~ Exp(1)
         token_ids[drawn] = torch.argmax(race, dim=-1)  # [D]
     chosen = logprobs.gather(1, token_ids[:, None])[:, 0]  # [S]

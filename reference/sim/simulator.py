@@ -188,7 +188,8 @@ class Simulator:
         self.last_arrival = max((r.arrival for r in trace), default=0.0)
         self.pending = deque(sorted(trace, key=lambda r: (r.arrival, r.request_id)))
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in arrival order: the last is preempted first
+        # in arrival order: the last is preempted first
+        self.running: list[Sequence] = []
         self.step_index = 0
         self.finished = 0
         self.preemptions = 0
@@ -206,7 +207,9 @@ class Simulator:
         preempted = self._decode()
         if not preempted:
             self._admit()
-        if self.waiting if self.measure == "waiting" else self.step_index <= self.last_arrival:
+        measuring = (bool(self.waiting) if self.measure == "waiting"
+                     else self.step_index <= self.last_arrival)
+        if measuring:
             self._measure()  # by default: only while memory is the bottleneck
         for seq in self.running:
             if seq.finished:
@@ -216,13 +219,15 @@ class Simulator:
         self.step_index += 1
 
     def _decode(self) -> bool:
-        """One more token's slot for every request that ran last step; True if any was evicted."""
+        """One more token's slot for every request that ran last step; True if any was
+        evicted."""
         preempted = False
         grown = []
         while self.running:
             seq = self.running.pop(0)  # oldest first
             while not self.kv.can_grow(seq):  # paged only: no free block
-                victim = self.running.pop() if self.running else seq  # the latest arrival
+                # the latest arrival gives way
+                victim = self.running.pop() if self.running else seq
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -235,12 +240,14 @@ class Simulator:
         return preempted
 
     def _preempt(self, seq: Sequence) -> None:
-        self.kv.free(seq)  # recompute: drop its K/V; it is prefilled again with all its tokens
+        # recompute: drop its K/V; it is prefilled again with all its tokens
+        self.kv.free(seq)
         self.waiting.appendleft(seq)  # it arrived before everyone waiting
         self.preemptions += 1
 
     def _admit(self) -> None:
-        while self.waiting and self.kv.can_admit(self.waiting[0]):  # FCFS: head of line only
+        # FCFS: only the head of the line is considered
+        while self.waiting and self.kv.can_admit(self.waiting[0]):
             seq = self.waiting.popleft()
             self.kv.admit(seq)
             self.running.append(seq)

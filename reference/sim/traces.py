@@ -102,18 +102,22 @@ def fitted_mus(model: LengthModel, max_len: int) -> tuple[float, float]:
 # --8<-- [start:trace]
 def synthetic_trace(workload: LengthModel | str, num_requests: int, rate: float,
                     seed: int = 0, max_len: int = 2048) -> list[Request]:
-    """num_requests requests with Poisson arrivals (rate per step) and log-normal lengths."""
+    """num_requests requests with Poisson arrivals (rate per step) and log-normal
+    lengths."""
     model = WORKLOADS[workload] if isinstance(workload, str) else workload
     if num_requests < 1:
         raise ValueError(f"num_requests must be >= 1, got {num_requests}")
     if not rate > 0:
         raise ValueError(f"rate must be > 0 requests per step, got {rate}")
     if max_len < 2:
-        raise ValueError(f"max_len must be >= 2 (one prompt and one output token), got {max_len}")
+        raise ValueError("max_len must be >= 2 (one prompt and one output token), got "
+                         f"{max_len}")
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, num_requests))  # Poisson process
-    z_prompt, z_output = rng.standard_normal((2, num_requests))  # log-normal = exp(normal)
-    prompts, outputs = model.lengths(z_prompt, z_output, max_len, fitted_mus(model, max_len))
+    # log-normal = exp(normal)
+    z_prompt, z_output = rng.standard_normal((2, num_requests))
+    prompts, outputs = model.lengths(z_prompt, z_output, max_len,
+                                     fitted_mus(model, max_len))
     return [Request(i, float(a), int(p), int(o))
             for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs, strict=True))]
 # --8<-- [end:trace]
