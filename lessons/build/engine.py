@@ -1,0 +1,89 @@
+"""Milestone 7 of the build-it track: the engine (lessons/build/07-engine.md).
+
+Write MiniEngine.step. Check your work with
+
+    pytest lessons/build/test_build_engine.py
+
+The engine is built from a build_types.Parts: one implementation of every earlier piece,
+yours where you have written it (build_track.compose). Use the pieces through self.parts,
+self.block_manager and self.scheduler, never by importing them: then the same engine runs on
+yours or on the solutions'. The model is pagedllm's reference model; its forward is
+
+    model(input_ids [T], positions [T], attn, logits_indices=[S]) -> logits [S, vocab]
+
+where attn is the attention context pagedllm.reference.model.PagedAttention(metadata,
+k_caches, v_caches, backend): each layer stores its K/V and attends through the backend's
+store_kv and paged_attention, which __init__ below made yours (milestone 1). metadata is a
+pagedllm.reference.model.AttentionMetadata (reference/model/attention.py).
+"""
+
+import itertools
+from dataclasses import replace
+
+import torch
+from build_types import Parts, SchedulerOutput, Sequence
+
+from pagedllm.reference.model import AttentionMetadata, PagedAttention  # noqa: F401 - for step
+from pagedllm.reference.ops import REFERENCE_BACKEND
+
+
+class MiniEngine:
+    # -- given: the same in lessons/build/solutions/engine.py -------------------------------
+    def __init__(self, model: torch.nn.Module, parts: Parts, num_blocks: int,
+                 block_size: int = 4, max_num_seqs: int = 4, max_num_batched_tokens: int = 64,
+                 enable_prefix_caching: bool = False):
+        cfg = model.config
+        param = next(model.parameters())
+        self.model, self.parts = model, parts
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.k_caches, self.v_caches = parts.allocate_kv_cache(
+            cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+            param.dtype, param.device)
+        prefix_cache = parts.PrefixCache(block_size) if enable_prefix_caching else None
+        self.block_manager = parts.BlockManager(num_blocks, block_size, prefix_cache)
+        self.scheduler = parts.Scheduler(self.block_manager, max_num_seqs,
+                                         max_num_batched_tokens)
+        # The model's layers write and read K/V through these two ops: milestone 1's.
+        self.backend = replace(REFERENCE_BACKEND, store_kv=parts.store_kv,
+                               paged_attention=parts.paged_attention)
+        self.generator = torch.Generator(device=param.device).manual_seed(0)
+        self._seq_ids = itertools.count()
+
+    def add_request(self, prompt_token_ids: list[int], max_tokens: int) -> Sequence:
+        """Queue a greedy request; refuse one that could never run in this engine."""
+        n = len(prompt_token_ids) + max_tokens
+        if not prompt_token_ids or max_tokens < 1:
+            raise ValueError("a request needs at least one prompt token and max_tokens >= 1")
+        if -(-n // self.block_size) > self.num_blocks or n > self.max_num_batched_tokens:
+            raise ValueError(f"a request of {n} tokens needs more than the pool of "
+                             f"{self.num_blocks} blocks of {self.block_size} or the step's "
+                             f"budget of {self.max_num_batched_tokens} tokens: once preempted "
+                             "it could never be prefilled again")
+        arrival = next(self._seq_ids)
+        seq = Sequence(arrival, list(prompt_token_ids), max_tokens, arrival)
+        self.scheduler.add(seq)
+        return seq
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Every prompt's greedy tokens, in the order of the prompts."""
+        seqs = [self.add_request(p, max_tokens) for p in prompts]
+        while self.scheduler.has_unfinished():
+            out = self.step()
+            if not out.scheduled and not out.preempted:
+                raise RuntimeError("a step scheduled nothing while requests are unfinished: "
+                                   "the engine would loop forever (check the scheduler's "
+                                   "admission and the block manager's can_allocate)")
+        return [list(s.output_token_ids) for s in seqs]
+
+    # -- milestone 7 --------------------------------------------------------------------------
+    def step(self) -> SchedulerOutput:
+        """One step of the engine; returns the scheduler's output for it.
+
+        Schedule; carry out the block copies the scheduler asked for before anything is
+        written; if something is scheduled, build the step's inputs, run the model forward
+        once over all of them (no gradients), take one greedy token per sampling row
+        (self.parts.sample, temperature 0, top_k -1, self.generator) and give them to the
+        scheduler's update.
+        """
+        raise NotImplementedError("milestone 7: write MiniEngine.step")

@@ -1,0 +1,250 @@
+"""Milestone 2, the block manager: allocation on demand, refusal without corruption, reference
+counts, fork and copy-on-write.
+
+    pytest lessons/build/test_build_block_manager.py
+
+Each test runs on the solution and on lessons/build/block_manager.py (skipped until written).
+The copy-on-write data test also uses milestone 1's pool: yours once written.
+"""
+
+import random
+
+import pytest
+import torch
+from build_track import refuses
+
+PIECE = "block_manager"
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def check_invariants(bm, live: set[int]) -> None:
+    """What must hold after any sequence of calls, read through the public methods only."""
+    holders: dict[int, int] = {}
+    for seq_id in live:
+        table = bm.block_table(seq_id)
+        assert len(table) == blocks_needed(bm.num_tokens(seq_id), bm.block_size), (
+            f"sequence {seq_id} reserved {bm.num_tokens(seq_id)} slots in {len(table)} blocks "
+            f"of {bm.block_size}: a sequence holds just the blocks its tokens need")
+        assert len(set(table)) == len(table), f"sequence {seq_id} holds a block twice: {table}"
+        for block in table:
+            holders[block] = holders.get(block, 0) + 1
+    for block in range(bm.num_blocks):
+        assert bm.ref_count(block) == holders.get(block, 0), (
+            f"block {block}: ref_count {bm.ref_count(block)}, but {holders.get(block, 0)} "
+            "sequences hold it")
+    assert bm.num_free_blocks == bm.num_blocks - len(holders), (
+        f"{bm.num_free_blocks} free blocks reported, {bm.num_blocks - len(holders)} held by "
+        "nobody")
+
+
+def test_allocate(impl):
+    bm = impl.BlockManager(8, 4)
+    table = bm.allocate(0, 9)
+    assert len(table) == 3, "9 tokens in blocks of 4: two full blocks and one more"
+    assert bm.allocate(1, 4) and len(bm.block_table(1)) == 1, "4 tokens fill exactly one block"
+    assert not set(table) & set(bm.block_table(1)), "two sequences got the same block"
+    assert bm.num_free_blocks == 4 and bm.num_tokens(0) == 9
+    assert all(bm.ref_count(b) == 1 for b in table)
+    bm.block_table(0).append(7)
+    assert bm.block_table(0) == table, "block_table returns a copy: changing it changes nothing"
+    refuses(ValueError, "sequence 0 already holds blocks: allocating it again would lose them",
+            bm.allocate, 0, 1)
+    check_invariants(bm, {0, 1})
+
+
+def test_pool_one_block_too_small(impl):
+    bm = impl.BlockManager(3, 4)
+    assert not bm.can_allocate(13), "13 tokens need 4 blocks of 4; the pool has 3"
+    refuses(RuntimeError, "13 tokens need 4 blocks, 3 are free", bm.allocate, 0, 13)
+    assert bm.num_free_blocks == 3, ("a refused allocation must change nothing: blocks taken "
+                                     "before finding out that too few are free leak forever")
+    refuses(ValueError, "the refused sequence 0 holds no blocks", bm.block_table, 0)
+    assert bm.can_allocate(12)
+    bm.allocate(0, 12)
+    assert not bm.can_allocate(1) and bm.num_free_blocks == 0
+    refuses(RuntimeError, "no block is free", bm.allocate, 1, 1)
+    check_invariants(bm, {0})
+
+
+def test_append_grows_on_demand(impl):
+    bm = impl.BlockManager(16, 4)
+    bm.allocate(0, 2)
+    bm.allocate(1, 5)
+    for step in range(12):
+        for seq_id in (0, 1):
+            before = bm.block_table(seq_id)
+            position = bm.num_tokens(seq_id)
+            slot, copy = bm.append_slot(seq_id)
+            table = bm.block_table(seq_id)
+            assert copy is None, "nothing is shared here: no copy"
+            grew = position % 4 == 0
+            assert len(table) == len(before) + grew, (
+                f"step {step}, sequence {seq_id}: token at position {position} "
+                f"{'starts' if grew else 'fits in'} a block; blocks went {len(before)} -> "
+                f"{len(table)} (a new block exactly when the last one is full)")
+            assert table[:len(before)] == before, "append_slot never moves a held block"
+            assert slot == table[position // 4] * 4 + position % 4, (
+                f"the slot of position {position} is block_table[{position} // 4] * 4 + "
+                f"{position} % 4 = {table[position // 4] * 4 + position % 4}, got {slot}")
+    check_invariants(bm, {0, 1})
+
+
+def test_append_when_the_pool_is_empty(impl):
+    bm = impl.BlockManager(2, 2)
+    bm.allocate(0, 2)
+    bm.allocate(1, 1)
+    assert bm.can_append(1), "sequence 1's block has a free slot: no block needed"
+    bm.append_slot(1)
+    assert not bm.can_append(0) and not bm.can_append(1)
+    refuses(RuntimeError, "sequence 0's block is full and no block is free", bm.append_slot, 0)
+    assert bm.num_tokens(0) == 2 and len(bm.block_table(0)) == 1, \
+        "a refused append_slot must change nothing"
+    bm.free(1)
+    assert bm.can_append(0)
+    bm.append_slot(0)
+    check_invariants(bm, {0})
+
+
+def test_free_and_free_twice(impl):
+    bm = impl.BlockManager(4, 4)
+    bm.allocate(0, 6)
+    bm.allocate(1, 3)
+    bm.free(0)
+    assert bm.num_free_blocks == 3
+    refuses(ValueError, "sequence 0 was freed already: freeing it twice", bm.free, 0)
+    assert bm.num_free_blocks == 3, ("freeing twice must raise and change nothing; a block "
+                                     "freed twice would be handed to two sequences")
+    for call in (bm.block_table, bm.num_tokens, bm.append_slot, bm.can_append):
+        refuses(ValueError, f"{call.__name__} of sequence 0, which holds no blocks", call, 0)
+    check_invariants(bm, {1})
+
+
+def test_fork_counts_references(impl):
+    bm = impl.BlockManager(8, 4)
+    parent = bm.allocate(0, 7)
+    bm.fork(0, 1)
+    assert bm.block_table(1) == parent and bm.num_tokens(1) == 7, \
+        "a forked child holds the parent's blocks and tokens"
+    assert all(bm.ref_count(b) == 2 for b in parent), "each shared block is held twice"
+    assert bm.num_free_blocks == 6, "fork copies nothing: no block is taken"
+    refuses(ValueError, "sequence 1 holds blocks already: it cannot be forked into",
+            bm.fork, 0, 1)
+    bm.free(1)
+    assert all(bm.ref_count(b) == 1 for b in parent) and bm.num_free_blocks == 6, \
+        "freeing the child leaves the parent's blocks to the parent"
+    bm.free(0)
+    assert bm.num_free_blocks == 8
+    check_invariants(bm, set())
+
+
+def test_a_shared_block_written_twice(impl):
+    """Parent and child share a half-full block; each writes its own next token into it."""
+    bm = impl.BlockManager(8, 4)
+    bm.allocate(0, 6)
+    shared = bm.block_table(0)[1]  # positions 4, 5 written; 6, 7 free
+    bm.fork(0, 1)
+    slot, copy = bm.append_slot(1)
+    assert copy is not None, ("the child writes position 6 into a block the parent also reads: "
+                              "it must get a copy first (copy-on-write)")
+    src, dst = copy
+    assert src == shared and dst != shared and dst not in bm.block_table(0)
+    assert bm.block_table(1) == bm.block_table(0)[:1] + [dst], \
+        "the child's table points at the copy; its other blocks stay shared"
+    assert slot == dst * 4 + 2, "the child's token goes into the copy, at offset 2"
+    assert bm.ref_count(src) == 1 and bm.ref_count(dst) == 1
+    slot, copy = bm.append_slot(0)
+    assert copy is None, "the parent alone holds the old block now: it writes in place"
+    assert slot == shared * 4 + 2
+    slot, copy = bm.append_slot(1)
+    assert copy is None and slot == dst * 4 + 3, "the copy is the child's own: no second copy"
+    check_invariants(bm, {0, 1})
+
+
+def test_three_writers_two_copies(impl):
+    bm = impl.BlockManager(8, 4)
+    bm.allocate(0, 5)
+    bm.fork(0, 1)
+    bm.fork(0, 2)
+    copies = [bm.append_slot(seq_id)[1] for seq_id in (0, 1, 2)]
+    assert copies[0] is not None and copies[1] is not None, "two of three sharers copy"
+    assert copies[2] is None, ("the last writer holds the block alone by then: copying it "
+                               "would waste a block")
+    check_invariants(bm, {0, 1, 2})
+
+
+def test_a_shared_full_block_is_not_copied(impl):
+    bm = impl.BlockManager(8, 4)
+    parent = bm.allocate(0, 8)
+    bm.fork(0, 1)
+    _, copy = bm.append_slot(1)
+    assert copy is None, ("the shared last block is full: the next token starts a fresh "
+                          "block, and nobody writes into the shared one")
+    assert bm.block_table(1)[:2] == parent and len(bm.block_table(1)) == 3
+    assert bm.block_table(0) == parent
+    check_invariants(bm, {0, 1})
+
+
+def test_copy_on_write_keeps_both_histories(impl, parts):
+    """With milestone 1's pool: after the fork, parent and child each write position 6 into
+    what was one block. Each must read back its own history."""
+    bm = impl.BlockManager(6, 4)
+    k_caches, v_caches = parts.allocate_kv_cache(2, 6, 4, 1, 2)
+    rows = torch.arange(8.0).repeat_interleave(2).view(8, 1, 2)  # row p holds p, p
+    bm.allocate(0, 6)
+    table = bm.block_table(0)
+    slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(6)])
+    for layer in range(2):
+        parts.store_kv(rows[:6], rows[:6], k_caches[layer], v_caches[layer], slots)
+    bm.fork(0, 1)
+    for seq_id, value in ((1, 100.0), (0, 200.0)):  # the child first, then the parent
+        slot, copy = bm.append_slot(seq_id)
+        parts.copy_blocks(k_caches, v_caches, [copy] if copy else [])
+        token = torch.full((1, 1, 2), value)
+        for layer in range(2):
+            parts.store_kv(token, token, k_caches[layer], v_caches[layer], torch.tensor([slot]))
+    for seq_id, value in ((0, 200.0), (1, 100.0)):
+        table = bm.block_table(seq_id)
+        for layer in range(2):
+            flat = k_caches[layer].view(-1, 1, 2)
+            got = [flat[table[p // 4] * 4 + p % 4, 0, 0].item() for p in range(7)]
+            assert got == [0, 1, 2, 3, 4, 5, value], (
+                f"sequence {seq_id}, layer {layer}, positions 0..6 read {got}. The child's "
+                "token and the parent's must land in different blocks, and the child's copy "
+                "must hold the shared tokens (4, 5) before its own is written")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_workload_keeps_the_books(impl, seed):
+    rng = random.Random(seed)
+    bm = impl.BlockManager(24, 3)
+    live: set[int] = set()
+    next_id = 0
+    for _ in range(400):
+        action = rng.random()
+        if action < 0.2 or not live:
+            n = rng.randint(1, 10)
+            if bm.can_allocate(n):
+                bm.allocate(next_id, n)
+                live.add(next_id)
+            else:
+                refuses(RuntimeError, "can_allocate said no", bm.allocate, next_id, n)
+            next_id += 1
+        elif action < 0.3:
+            parent = rng.choice(sorted(live))
+            bm.fork(parent, next_id)
+            live.add(next_id)
+            next_id += 1
+        elif action < 0.45:
+            seq_id = rng.choice(sorted(live))
+            bm.free(seq_id)
+            live.remove(seq_id)
+        else:
+            seq_id = rng.choice(sorted(live))
+            if bm.can_append(seq_id):
+                bm.append_slot(seq_id)
+            else:
+                refuses(RuntimeError, "can_append said no", bm.append_slot, seq_id)
+        check_invariants(bm, live)

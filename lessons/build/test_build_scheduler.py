@@ -1,0 +1,159 @@
+"""Milestone 3, the scheduler: continuous batching, first come first served, budgets, and
+preemption by recompute, driven with no model (each step's next token is a dummy).
+
+    pytest lessons/build/test_build_scheduler.py
+
+Each test runs on the solution and on lessons/build/scheduler.py (skipped until written). The
+block manager is milestone 2's: yours once written.
+"""
+
+import random
+
+import pytest
+from build_track import expect, refuses
+from build_types import FINISHED, RUNNING, WAITING, Sequence
+
+PIECE = "scheduler"
+TOKEN = 7  # every "sampled" token
+
+
+def make(arrival: int, prompt_len: int, max_tokens: int) -> Sequence:
+    return Sequence(arrival, list(range(100 * arrival, 100 * arrival + prompt_len)),
+                    max_tokens, arrival)
+
+
+def finish_step(scheduler, out) -> None:
+    """The engine's part of a step, without a model: one dummy token per sampling sequence."""
+    scheduler.update(out, [TOKEN] * sum(item.samples for item in out.scheduled))
+
+
+def plan(out) -> list[tuple[int, int]]:
+    """(arrival, tokens computed) of each scheduled sequence."""
+    return [(item.seq.arrival, item.num_tokens) for item in out.scheduled]
+
+
+def run(scheduler, seqs, max_steps: int = 500) -> list:
+    """Add the sequences, step until all finish; every step's output, checked as it goes."""
+    for seq in seqs:
+        scheduler.add(seq)
+    bm, outs = scheduler.block_manager, []
+    while scheduler.has_unfinished():
+        assert len(outs) < max_steps, "no end in sight: is a sequence never scheduled?"
+        out = scheduler.schedule()
+        assert out.num_batched_tokens <= scheduler.max_num_batched_tokens, \
+            f"step {len(outs)}: {out.num_batched_tokens} tokens, over the step's budget"
+        assert len(scheduler.running) <= scheduler.max_num_seqs, \
+            f"step {len(outs)}: {len(scheduler.running)} running, over max_num_seqs"
+        kinds = {item.num_tokens > 1 or not item.seq.output_token_ids for item in out.scheduled}
+        expect(len(kinds) <= 1, f"step {len(outs)} mixes prefills and decodes {plan(out)}: "
+               "a step that admits prompts decodes nothing")
+        for item in out.scheduled:
+            seq = item.seq
+            expect(seq.status == RUNNING, f"step {len(outs)}: sequence {seq.arrival} runs "
+                   f"with status {seq.status!r}, not {RUNNING!r}")
+            expect(bm.num_tokens(seq.seq_id) == len(seq), (
+                f"step {len(outs)}: sequence {seq.arrival} runs with {len(seq)} tokens but "
+                f"holds slots for {bm.num_tokens(seq.seq_id)}: every token computed in a step "
+                "needs its slot, and only one (allocate, or append_slot for a decode)"))
+            expect(seq.num_computed_tokens + item.num_tokens == len(seq),
+                   f"step {len(outs)}: sequence {seq.arrival} must compute all its new tokens")
+        if not out.scheduled and not out.preempted:
+            pytest.fail(f"step {len(outs)} scheduled nothing with sequences unfinished")
+        finish_step(scheduler, out)
+        outs.append(out)
+    for seq in seqs:
+        assert seq.status == FINISHED and seq.output_token_ids == [TOKEN] * seq.max_tokens
+        refuses(ValueError, f"sequence {seq.arrival} finished: its blocks go back",
+                bm.block_table, seq.seq_id)
+    assert bm.num_free_blocks == bm.num_blocks, "every block is free once all finished"
+    return outs
+
+
+def test_continuous_batching(impl, parts):
+    """A finished sequence's place goes to a waiting one at the next step."""
+    s = impl.Scheduler(parts.BlockManager(32, 4), max_num_seqs=2, max_num_batched_tokens=64)
+    seqs = [make(0, 3, 2), make(1, 5, 5), make(2, 4, 2)]
+    outs = run(s, seqs)
+    got = [plan(out) for out in outs]
+    want = [[(0, 3), (1, 5)],  # both prompts in one step; 2 waits for max_num_seqs
+            [(0, 1), (1, 1)],  # decode: 0 has its 2 tokens and leaves
+            [(2, 4)],  # 2 is admitted at once, not after the whole batch
+            [(1, 1), (2, 1)], [(1, 1)], [(1, 1)]]
+    assert got == want, (f"steps {got}, expected {want}: rebuild the batch every step; a step "
+                         "with prompts to admit only prefills")
+
+
+def test_first_come_first_served(impl, parts):
+    """The head of the queue does not fit yet: the small request behind it waits too."""
+    s = impl.Scheduler(parts.BlockManager(6, 4), max_num_seqs=4, max_num_batched_tokens=64)
+    seqs = [make(0, 12, 4), make(1, 13, 2), make(2, 1, 1)]  # 3 + 4 + 1 blocks > 6
+    outs = run(s, seqs)
+    first = plan(outs[0])
+    assert first == [(0, 12)], (f"the first step ran {first}: sequence 1 needs 4 blocks with "
+                                "3 left, and sequence 2 (1 block) must not jump ahead of it")
+    order = list(dict.fromkeys(item.seq.arrival for out in outs for item in out.scheduled))
+    assert order == [0, 1, 2], f"first scheduled in the order {order}"
+
+
+def test_token_budget(impl, parts):
+    s = impl.Scheduler(parts.BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=25)
+    outs = run(s, [make(i, 10, 3) for i in range(4)])
+    assert plan(outs[0]) == [(0, 10), (1, 10)], \
+        f"25 tokens a step: two prompts of 10, not {plan(outs[0])}; a prompt is never split"
+    assert plan(outs[1]) == [(2, 10), (3, 10)]
+
+
+def test_seq_budget(impl, parts):
+    s = impl.Scheduler(parts.BlockManager(64, 4), max_num_seqs=3, max_num_batched_tokens=256)
+    outs = run(s, [make(i, 2, 4) for i in range(7)])
+    assert plan(outs[0]) == [(0, 2), (1, 2), (2, 2)]
+
+
+def test_preemption_in_a_pool_one_block_too_small(impl, parts):
+    """Two sequences that each end up holding 2 blocks, in a pool of 3."""
+    bm = parts.BlockManager(3, 4)
+    s = impl.Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    a, b = make(0, 4, 5), make(1, 4, 5)
+    s.add(a)
+    s.add(b)
+    finish_step(s, s.schedule())  # both prefill: one block each, both full
+    out = s.schedule()  # both need a new block; one is left
+    assert plan(out) == [(0, 1)] and out.preempted == [b], (
+        f"scheduled {plan(out)}, preempted {[q.arrival for q in out.preempted]}: sequence 0 "
+        "takes the last block; sequence 1, the latest arrival, gives its blocks up")
+    assert b.status == WAITING and s.waiting[0] is b and b not in s.running
+    assert b.num_computed_tokens == 0 and b.output_token_ids == [TOKEN], \
+        "preempted by recompute: no K/V left, but the tokens it generated stay"
+    refuses(ValueError, "preempted by recompute, sequence 1 gives all its blocks back",
+            bm.block_table, b.seq_id)
+    assert s.num_preemptions == 1
+    finish_step(s, out)
+    outs = run(s, [])
+    readmit = next(item for o in outs for item in o.scheduled if item.seq is b)
+    assert readmit.num_tokens == 5, ("re-admitted, sequence 1 computes its prompt and its "
+                                     f"output again: 5 tokens, not {readmit.num_tokens}")
+
+
+def test_the_latest_arrival_gives_way(impl, parts):
+    bm = parts.BlockManager(4, 2)
+    s = impl.Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    for seq in [make(0, 2, 3), make(1, 1, 3), make(2, 1, 3), make(3, 1, 3)]:
+        s.add(seq)  # one block each: the pool is full
+    finish_step(s, s.schedule())
+    out = s.schedule()  # 0's block is full; 1, 2 and 3 have room in theirs
+    got = ([q.arrival for q in out.preempted], plan(out))
+    assert got == ([3], [(0, 1), (1, 1), (2, 1)]), (
+        f"preempted {got[0]}, ran {got[1]}: sequence 0 needs a block and none is free; the "
+        "latest arrival (3) gives its block up, although it needed none itself")
+
+
+def test_random_workloads_finish(impl, parts):
+    """Tight pools, mixed lengths: everything finishes, within every budget, at every step."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        block_size = rng.choice([2, 4])
+        seqs = [make(i, rng.randint(1, 12), rng.randint(1, 10)) for i in range(10)]
+        longest = max(len(q.prompt_token_ids) + q.max_tokens for q in seqs)
+        bm = parts.BlockManager(-(-longest // block_size) + rng.randint(0, 3), block_size)
+        s = impl.Scheduler(bm, max_num_seqs=rng.randint(1, 5), max_num_batched_tokens=32)
+        run(s, seqs)
