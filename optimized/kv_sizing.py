@@ -10,6 +10,7 @@ num_gpu_blocks nor kv_cache_memory was given, on CUDA only (``profile_num_blocks
 import torch
 
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
+from pagedllm.reference.model.quantization import weight_bytes
 
 
 # --8<-- [start:profile_num_blocks]
@@ -52,7 +53,7 @@ def profile_num_blocks(model, backend, block_size: int, max_tokens: int,
               logits_indices=starts[1:].to(device) - 1)
     torch.cuda.synchronize(device)
     activations = torch.cuda.max_memory_allocated(device) - before  # the step's peak
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights = weight_bytes(model)  # quantized codes and scales included
     del k, v
     torch.cuda.empty_cache()
     # In use now: the weights, the CUDA context, whatever else runs on the GPU.

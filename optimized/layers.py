@@ -16,11 +16,15 @@ from torch import nn
 
 from pagedllm.reference.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from pagedllm.reference.model.opt import OPTAttention, OPTForCausalLM
+from pagedllm.reference.model.quantization import QuantizedLinear
+from pagedllm.reference.ops.weight_quant import QuantizedWeight
 
 
 # --8<-- [start:merged_linear]
-def _merged_linear(parts: list[nn.Linear]) -> nn.Linear:
+def _merged_linear(parts: list[nn.Module]) -> nn.Module:
     """One Linear whose output is the parts' outputs side by side."""
+    if isinstance(parts[0], QuantizedLinear):
+        return _merged_quantized(parts)
     weight = torch.cat([p.weight for p in parts])  # [sum(out), in]
     merged = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None,
                        device="meta")
@@ -32,10 +36,22 @@ def _merged_linear(parts: list[nn.Linear]) -> nn.Linear:
 # --8<-- [end:merged_linear]
 
 
+def _merged_quantized(parts: list[QuantizedLinear]) -> QuantizedLinear:
+    """Quantized parts side by side: every scale and zero point belongs to one output row, so
+    stacking the rows is exactly the quantization of the stacked weight."""
+    qs = [p.quantized for p in parts]
+    zeros = None if qs[0].zeros is None else torch.cat([q.zeros for q in qs])
+    merged = QuantizedWeight(qs[0].scheme, torch.cat([q.qweight for q in qs]),
+                             torch.cat([q.scales for q in qs]), zeros,
+                             (sum(q.shape[0] for q in qs), qs[0].shape[1]), qs[0].group_size)
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+    return QuantizedLinear(merged, bias)
+
+
 class MergedLlamaAttention(nn.Module):
     """LlamaAttention with q_proj, k_proj and v_proj as one qkv_proj."""
 
-    def __init__(self, ref: LlamaAttention):
+    def __init__(self, ref: LlamaAttention, device: torch.device):
         super().__init__()
         self.layer_idx, self.head_dim = ref.layer_idx, ref.head_dim
         self.num_heads, self.num_kv_heads = ref.num_heads, ref.num_kv_heads
@@ -46,7 +62,7 @@ class MergedLlamaAttention(nn.Module):
             self.q_norm, self.k_norm = ref.q_norm, ref.k_norm
         # On the weights' device once: the reference moves it at every call, a host-to-device
         # copy per layer that a CUDA graph cannot even record.
-        self.inv_freq = ref.inv_freq.to(self.qkv_proj.weight.device)
+        self.inv_freq = ref.inv_freq.to(device)
         self.sliding_window, self.scale = ref.sliding_window, ref.scale
         self.sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                       self.num_kv_heads * self.head_dim]
@@ -102,14 +118,15 @@ class MergedOPTAttention(nn.Module):
 
 # --8<-- [start:transposed_linear]
 class TransposedLinear(nn.Module):
-    """nn.Linear with its weight stored transposed: [in, out] contiguous, y = x @ W^T + b.
+    """nn.Linear with its weight stored transposed: [in, out] contiguous.
 
-    A decode step multiplies a few rows by each weight. On a CPU the BLAS library does that
-    about twice as fast with the weight row-major in the product's own orientation ([in, out])
-    as with the transpose of nn.Linear's [out, in] (measured on this project's 2-core machine,
-    one thread: the tiny model's 17 products, 1 to 3 rows). The sums are the same products,
-    added in a different order by the library: results agree to float rounding, not bit for
-    bit. On CUDA cuBLAS reads either layout at full speed, and nn.Linear stays.
+    It computes y = x @ W^T + b, as nn.Linear does. A decode step multiplies a few rows
+    by each weight. On a CPU the BLAS library does that about twice as fast with the
+    weight row-major in the product's own orientation ([in, out]) as with the transpose
+    of nn.Linear's [out, in] (measured on this project's 2-core machine, one thread: the
+    tiny model's 17 products, 1 to 3 rows). The sums are the same products, added in a
+    different order by the library: results agree to float rounding, not bit for bit.
+    On CUDA cuBLAS reads either layout at full speed, and nn.Linear stays.
     """
 
     def __init__(self, linear: nn.Linear, weight_t: torch.Tensor | None = None):
@@ -127,8 +144,9 @@ class TransposedLinear(nn.Module):
 
 
 class TransposedEmbedding(nn.Module):
-    """An embedding whose table is a tied LM head's transposed weight [hidden, vocab]: one copy
-    of the table serves both, as the checkpoint's tied weights do."""
+    """An embedding whose table is a tied LM head's transposed weight [hidden, vocab].
+
+    One copy of the table serves both, as the checkpoint's tied weights do."""
 
     def __init__(self, weight_t: torch.Tensor):
         super().__init__()
@@ -139,10 +157,14 @@ class TransposedEmbedding(nn.Module):
 
 
 def transpose_linears(model: nn.Module) -> nn.Module:
-    """Every nn.Linear of the model as a TransposedLinear (the CPU's faster layout). A tied LM
-    head shares its transposed table with the input embedding, as before the swap."""
+    """Every nn.Linear of the model as a TransposedLinear (the CPU's faster layout).
+
+    A tied LM head shares its transposed table with the input embedding, as before the
+    swap."""
     stack = model.model.decoder if isinstance(model, OPTForCausalLM) else model.model
-    tied = model.lm_head.weight is stack.embed_tokens.weight
+    head = model.lm_head  # tied: one storage for both (the loader's assign=True)
+    tied = isinstance(head, nn.Linear) and \
+        head.weight.data_ptr() == stack.embed_tokens.weight.data_ptr()
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
@@ -155,9 +177,10 @@ def transpose_linears(model: nn.Module) -> nn.Module:
 
 def merge_projections(model: nn.Module) -> nn.Module:
     """The reference model, its attention (and Llama MLP) projections merged in place."""
+    device = next(model.parameters()).device  # the embedding's: never quantized
     if isinstance(model, LlamaForCausalLM):
         for layer in model.model.layers:
-            layer.self_attn = MergedLlamaAttention(layer.self_attn)
+            layer.self_attn = MergedLlamaAttention(layer.self_attn, device)
             layer.mlp = MergedLlamaMLP(layer.mlp)
     elif isinstance(model, OPTForCausalLM):
         for layer in model.model.decoder.layers:

@@ -31,6 +31,7 @@ from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from .attention import PlannedAttention
 from .kv_sizing import profile_num_blocks
 from .layers import merge_projections, transpose_linears
+from .quant_layers import pack_quantized_linears
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -61,6 +62,7 @@ class ModelRunner(ReferenceModelRunner):
         model = merge_projections(model)
         if next(model.parameters()).device.type == "cpu":
             model = transpose_linears(model)  # BLAS's faster layout for few-row products
+            model = pack_quantized_linears(model, config.dtype)  # torch's weight-only kernels
         super().__init__(model, config)
         sc = config.scheduler_config
         self.config = config
@@ -89,9 +91,11 @@ class ModelRunner(ReferenceModelRunner):
         """Which attention context every step builds: decided here, once."""
         own_op = self.backend.paged_attention is triton_paged_attention
         if self.device.type == "cuda" and own_op:
-            return DeviceAttention  # the kernel, reading device-side lengths (graph-capturable)
+            # The kernel, reading device-side lengths (graph-capturable).
+            return DeviceAttention
         if self.device.type == "cuda" or interpreting() or not own_op:
-            return PagedAttention  # a swapped-in op (host lengths), or the interpreted kernels
+            # A swapped-in op (host lengths), or the interpreted kernels.
+            return PagedAttention
         return PlannedAttention  # the kernel cannot run here: the vectorized CPU path
     # --8<-- [end:attention_context]
 
@@ -104,7 +108,9 @@ class ModelRunner(ReferenceModelRunner):
     # -- copying a step into the buffers --------------------------------------------------------
     # --8<-- [start:load]
     def _load(self, inputs: StepInputs, num_tokens: int, num_seqs: int) -> None:
-        """Copy the step into the buffers' first rows; pad rows up to num_tokens / num_seqs."""
+        """Copy the step into the buffers' first rows.
+
+        The rows after them are padded, up to num_tokens tokens and num_seqs sequences."""
         md = inputs.attn_metadata
         T, B = inputs.input_ids.shape[0], md.seq_lens.shape[0]
         width = md.block_tables.shape[1]
@@ -118,7 +124,8 @@ class ModelRunner(ReferenceModelRunner):
             self.input_ids[T:num_tokens] = 0
             self.positions[T:num_tokens] = 0
             self.slot_mapping[T:num_tokens] = -1
-        if num_seqs > B:  # padding sequences: one query row each, reading one slot of block 0
+        # Padding sequences: one query row each, reading one slot of block 0.
+        if num_seqs > B:
             self.block_tables[B:num_seqs] = 0
             self.seq_lens[B:num_seqs] = 1
             self.query_start_loc[B + 1:num_seqs + 1] = torch.arange(
@@ -154,7 +161,7 @@ class ModelRunner(ReferenceModelRunner):
                           logits_indices=inputs.logits_indices)  # [S, vocab]
 
     def _replay(self, inputs: StepInputs, batch: int) -> torch.Tensor:
-        """A decode step (one row per sequence) through the graph of the next captured size."""
+        """A decode step (one row per sequence) through the next captured size's graph."""
         size = next(b for b in self.graph_sizes if b >= batch)
         self._load(inputs, size, size)
         if size not in self.graphs:
@@ -166,7 +173,7 @@ class ModelRunner(ReferenceModelRunner):
 
     # --8<-- [start:capture]
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Record the forward of `size` decode rows over the buffers (whole block tables)."""
+        """Record a forward of `size` decode rows over the buffers (whole block tables)."""
         md = self._metadata(None, size, size, self.max_blocks)
         ctx = self._context(md)
 

@@ -109,7 +109,8 @@ def _prompts(args: argparse.Namespace) -> list:
 
 # The engine's checks name its arguments; at the command line the user typed the flag.
 FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "block_size", "dtype",
-         "kv_layout", "preemption_mode")
+         "kv_layout", "preemption_mode", "quantization_group_size", "quantization_skip",
+         "quantization")
 
 
 def _flagged(err: ValueError) -> ValueError:
@@ -132,7 +133,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         llm = LLM(model_dir, dtype=args.dtype, kv_layout=args.kv_layout,
                   block_size=args.block_size, preemption_mode=args.preemption_mode,
                   seed=args.seed, kv_cache_dtype=args.kv_cache_dtype,
-                  calculate_kv_scales=args.calculate_kv_scales)
+                  calculate_kv_scales=args.calculate_kv_scales,
+                  quantization=args.quantization,
+                  quantization_group_size=args.quantization_group_size,
+                  quantization_skip=tuple(args.quantization_skip))
     except ValueError as err:
         raise _flagged(err) from err
     if args.chat is not None:  # one user message through the checkpoint's chat template

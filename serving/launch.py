@@ -35,7 +35,10 @@ def load_llm(args: argparse.Namespace):
                    enable_chunked_prefill=args.enable_chunked_prefill, seed=args.seed,
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
-                   calculate_kv_scales=args.calculate_kv_scales)
+                   calculate_kv_scales=args.calculate_kv_scales,
+                   quantization=args.quantization,
+                   quantization_group_size=args.quantization_group_size,
+                   quantization_skip=tuple(args.quantization_skip))
     if args.tier == "optimized":
         from pagedllm.optimized import LLM
     else:

@@ -22,6 +22,7 @@ from ..model.config import ModelConfig
 from ..model.loader import parse_device
 from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
 from ..ops import KV_CACHE_DTYPES, REFERENCE_BACKEND, Backend, KVCacheFormat, kv_cache_format
+from ..ops.weight_quant import INT4_GROUP_SIZES, WEIGHT_QUANTIZATIONS
 from .model_runner import ModelRunner
 from .scheduler import SchedulerConfig
 from .validation import (
@@ -68,6 +69,9 @@ class EngineArgs:
     swap_space: float = 0  # GiB of CPU swap space (vLLM's flag), instead of swap_space_blocks
     kv_cache_dtype: str = "auto"  # "fp8" (= "fp8_e4m3"), "fp8_e5m2", "int8", "int4"
     calculate_kv_scales: bool = False  # fp8: per-tensor scales from the first batch, not 1.0
+    quantization: str | None = None  # weights: "int8" (per output channel), "int4" (per group)
+    quantization_group_size: int = 64  # int4: inputs per group (32, 64, 128 or 256)
+    quantization_skip: tuple[str, ...] = ()  # linear layers left unquantized, e.g. ("lm_head",)
 # --8<-- [end:engine_args]
 
     def create_engine_config(self) -> "EngineConfig":
@@ -96,6 +100,9 @@ class EngineConfig:
     gpu_memory_utilization: float
     kv_cache_dtype: str  # the canonical name (ops/kv_quant.py): auto, fp8_e4m3, fp8_e5m2, ...
     calculate_kv_scales: bool
+    quantization: str | None = None
+    quantization_group_size: int = 64
+    quantization_skip: tuple[str, ...] = ()
 
     # The scheduler's budgets, read where the engine's config is read (engine.config.X).
     @property
@@ -149,6 +156,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                  "calculate_kv_scales"):
         check_bool(name, getattr(args, name))
     kv_format = _kv_cache_format(args)
+    quant_skip = _check_quantization(args)
+    if dtype_name == "auto" and args.quantization is not None:
+        dtype_name = "bfloat16"  # weight-only kernels take bf16 activations (seed 003's pairing)
     _check_tier_options(args, runner)
     check_int("block_size", args.block_size, low=1)
     check_int("swap_space_blocks", args.swap_space_blocks, low=0)
@@ -222,7 +232,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
                                 if args.gpu_memory_utilization is None
                                 else args.gpu_memory_utilization),
-        kv_cache_dtype=kv_format.name, calculate_kv_scales=args.calculate_kv_scales)
+        kv_cache_dtype=kv_format.name, calculate_kv_scales=args.calculate_kv_scales,
+        quantization=args.quantization, quantization_group_size=args.quantization_group_size,
+        quantization_skip=quant_skip)
 # --8<-- [end:create_engine_config]
 
 
@@ -295,6 +307,21 @@ def _check_tier_options(args: EngineArgs, runner: type[ModelRunner]) -> None:
         raise FieldValueError("enforce_eager", f"enforce_eager turns CUDA graphs off, which "
                               f"the {runner.tier} tier never captures; it is an option of the "
                               "optimized tier (pagedllm.optimized.LLM)")
+
+
+def _check_quantization(args: EngineArgs) -> tuple[str, ...]:
+    """quantization, its group size and the layers it skips; the skip list as a tuple."""
+    if args.quantization is not None and not isinstance(args.quantization, str):
+        raise FieldTypeError("quantization", f"quantization must be None or a name, one of "
+                             f"{WEIGHT_QUANTIZATIONS}; got {args.quantization!r}")
+    check_choice("quantization", args.quantization, (None, *WEIGHT_QUANTIZATIONS))
+    if args.quantization == "int4":
+        check_choice("quantization_group_size", args.quantization_group_size, INT4_GROUP_SIZES)
+    skip = args.quantization_skip
+    if isinstance(skip, str) or not all(isinstance(name, str) for name in skip):
+        raise FieldTypeError("quantization_skip", f"quantization_skip must be a list of layer "
+                             f"names, e.g. ['lm_head'], got {skip!r}")
+    return tuple(skip)
 
 
 def _kv_cache_format(args: EngineArgs) -> KVCacheFormat:

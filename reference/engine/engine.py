@@ -26,6 +26,7 @@ import torch
 from ..kv import CacheEngine, ContiguousKVCacheManager, PagedKVCacheManager
 from ..model import load_model
 from ..model.loader import load_tokenizer
+from ..model.quantization import quantize_model, weight_bytes
 from ..ops import SamplerOutput
 from .beam_search import BeamSearchParams, rank_beams, select_beams
 from .config import EngineArgs, EngineConfig
@@ -76,6 +77,7 @@ class LLMEngine:
         self.seed_stream = random.Random(config.seed)
         self._arrivals = itertools.count()
         self.step_observers: list[StepObserver] = []
+        self.weight_bytes = weight_bytes(self.runner.model)  # once: the weights never change
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -83,6 +85,9 @@ class LLMEngine:
         tokenizer and build the engine."""
         config = args.create_engine_config()
         model = load_model(config.model_dir, dtype=config.dtype, device=config.device)
+        if config.quantization is not None:  # the float weights are dropped layer by layer
+            model = quantize_model(model, config.quantization, config.quantization_group_size,
+                                   config.quantization_skip)
         return cls(config, model, load_tokenizer(config.model_dir))
 
     @property
@@ -137,8 +142,8 @@ class LLMEngine:
         """Run one iteration; return the outputs of the requests this step touched.
 
         If anything in the step raises, the requests it was running are finished with
-        finish_reason "error" and their memory freed before the exception goes on: the engine
-        stays usable and every other request is untouched.
+        finish_reason "error" and their memory freed before the exception goes on: the
+        engine stays usable and every other request is untouched.
         """
         sched = None
         try:
@@ -215,9 +220,9 @@ class LLMEngine:
 
     # --8<-- [start:fork_samples]
     def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> dict[int, Sequence]:
-        """After the prompt of an n > 1 request, n - 1 children fork from the parent, sharing
-        every prompt block (reference counts up, nothing copied); child i draws from stream
-        seed + i."""
+        """After the prompt of an n > 1 request, n - 1 children fork from the parent,
+        sharing every prompt block (reference counts up, nothing copied); child i draws
+        from stream seed + i."""
         for index in range(1, group.sampling_params.n):
             child = Sequence(next_seq_id(), list(seq.prompt_token_ids),
                              num_computed_tokens=seq.num_computed_tokens,
@@ -256,7 +261,8 @@ class LLMEngine:
         (beam, token) pairs; each survivor forks its parent, the old beams are freed."""
         params: BeamSearchParams = group.sampling_params
         beams = group.unfinished_seqs()
-        assert len(beams) == logprobs.shape[0], "every beam of a group runs in the same step"
+        assert len(beams) == logprobs.shape[0], (
+            "every beam of a group runs in the same step")
         survivors, finished = select_beams([list(b.output_token_ids) for b in beams],
                                            [b.cumulative_logprob for b in beams], logprobs,
                                            params, self.eos_token_id)
@@ -270,7 +276,8 @@ class LLMEngine:
                              status=SequenceStatus.RUNNING, cumulative_logprob=score)
             self.kv.fork(parent_seq, child)  # shares every block; copy-on-write at append
             new_beams.append(child)
-            group.seqs.append(child)  # held by the group from now on (freed if a step fails)
+            # held by the group from now on (freed if a step fails)
+            group.seqs.append(child)
         for beam in beams:  # the old generation goes; blocks its children share remain
             self.kv.free_seq(beam)
             beam.status = SequenceStatus.FINISHED
@@ -283,8 +290,10 @@ class LLMEngine:
                 beam.status = SequenceStatus.FINISHED
             group.finished_beams = rank_beams(
                 group.finished_beams,
-                [(list(b.output_token_ids), b.cumulative_logprob) for b in new_beams], params)
-            group.seqs = new_beams or beams  # a finished group keeps a sequence for its prompt
+                [(list(b.output_token_ids), b.cumulative_logprob) for b in new_beams],
+                params)
+            # a finished group keeps a sequence for its prompt
+            group.seqs = new_beams or beams
     # --8<-- [end:beam_step]
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
@@ -326,4 +335,6 @@ class LLMEngine:
             "kv_bytes_per_token": self.cache_engine.nbytes() // max(total * self.kv.block_size, 1),
             "kv_cache_bytes": self.cache_engine.nbytes(),
             "kv_capacity_tokens": total * self.kv.block_size,
+            "quantization": self.config.quantization,
+            "weight_bytes": self.weight_bytes,
         }

@@ -1,0 +1,88 @@
+"""Quantizing a loaded model's linear layers in place (``quantization="int8"`` / ``"int4"``).
+
+Every ``nn.Linear`` becomes a ``QuantizedLinear`` holding its codes and scales
+(``ops/weight_quant.py``) instead of the float weight: the float copy is dropped, so the weight
+bytes shrink by the scheme's ratio. Embeddings and norms stay in the model's dtype. A layer
+named in ``skip`` (its name or the last part of it, e.g. ``lm_head``) keeps its float weight.
+A tied LM head is quantized as its own copy: the input embedding keeps the float table.
+"""
+
+import torch
+from torch import nn
+
+from ..ops.weight_quant import (
+    INT4_GROUP_SIZES,
+    WEIGHT_QUANTIZATIONS,
+    QuantizedWeight,
+    quantize_int4,
+    quantize_int8,
+    quantized_linear,
+)
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer whose weight is stored quantized; the product is the twin's."""
+
+    def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
+        self.quantized = qweight
+        self.bias = bias
+        # Buffers, so that the module's tensors are counted and listed like any weight's.
+        self.register_buffer("qweight", qweight.qweight, persistent=False)
+        self.register_buffer("scales", qweight.scales, persistent=False)
+        if qweight.zeros is not None:
+            self.register_buffer("zeros", qweight.zeros, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quantized_linear(x, self.quantized, self.bias)  # [T, out]
+
+    def nbytes(self) -> int:
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.quantized.nbytes() + bias
+
+
+def check_quantization(scheme, group_size) -> None:
+    """The scheme's name and int4's group size (ValueError naming the field)."""
+    if scheme is not None and scheme not in WEIGHT_QUANTIZATIONS:
+        raise ValueError(f"quantization {scheme!r} is unknown; choose None (the checkpoint's "
+                         f"weights) or one of {WEIGHT_QUANTIZATIONS}")
+    if scheme == "int4" and group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"quantization_group_size must be one of {INT4_GROUP_SIZES} for int4, "
+                         f"got {group_size!r}")
+
+
+def quantize_model(model: nn.Module, scheme: str, group_size: int = 64,
+                   skip: tuple[str, ...] = ()) -> nn.Module:
+    """Replace the model's linear layers by quantized ones, in place. Every layer is checked
+    before any is replaced: a group size that does not divide one layer's input size names that
+    layer, and the model is left as it was."""
+    check_quantization(scheme, group_size)
+    names = {name: module for name, module in model.named_modules()
+             if isinstance(module, nn.Linear)
+             and not (name in skip or name.rsplit(".", 1)[-1] in skip)}
+    if scheme == "int4":
+        bad = [f"{name} (in {m.in_features})" for name, m in names.items()
+               if m.in_features % group_size]
+        if bad:
+            raise ValueError(f"quantization_group_size {group_size} does not divide the input "
+                             f"size of {', '.join(bad[:4])}; choose a group size that divides "
+                             f"it, or leave the layer out with quantization_skip")
+    for name, linear in names.items():
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        q = quantize_int8(linear.weight) if scheme == "int8" else \
+            quantize_int4(linear.weight, group_size)
+        setattr(parent, attr, QuantizedLinear(q, linear.bias))
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every weight the model holds, parameters and buffers (quantized codes and
+    scales are buffers), each storage counted once: a tied table is one table."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,98 @@
+"""Weight-only quantization: what an int8 or int4 linear layer stores, and its matrix product.
+
+A decode step multiplies a few rows by every weight of the model, so its time is the time to
+read the weights: fewer bytes per weight, a faster step (and a model that fits). Only the
+weights of the linear layers are quantized; activations, norms, the softmax and the logits stay
+in the model's dtype, as seed 003 recommends (bf16 activations with int4/int8 weights).
+
+- **int8, per output channel, symmetric** (torchao's int8 weight-only): row n of W [out, in]
+  keeps one scale s_n = max|W_n| / 127 and stores round(W_n / s_n) in [-127, 127]; 1 byte a
+  weight plus one scale a row.
+- **int4, per group, asymmetric** (torchao's int4 weight-only; GGUF's Q4_1 is the same idea):
+  each row is cut into groups of ``group_size`` inputs; a group keeps a scale s and a zero
+  point z (a float: the value that code 8 stands for) and stores codes q in [0, 15] with
+  W ~ (q - 8) s + z. The 16 levels span the group's own range [min, max], which a symmetric
+  scale would spend half of on values the group may not have. Two codes a byte (low nibble:
+  the even input), plus a scale and a zero point per group.
+
+Scales and zero points are stored in the model's dtype (bf16 for a quantized model on the CPU),
+the form the fast kernels read them in: the twin then computes exactly what they compute.
+
+The product is the twin's definition: dequantize, then multiply, in float32.
+The optimized tier multiplies without expanding the weight (``optimized/quant_layers.py``).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+WEIGHT_QUANTIZATIONS = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+
+
+@dataclass
+class QuantizedWeight:
+    """A quantized [out, in] weight: qweight int8 [out, in] (int8) or uint8 [out, in / 2]
+    (int4, two codes a byte); scales [out] (int8) or [out, in / group_size] (int4) and zeros
+    [out, in / group_size] (int4 only), in the weight's dtype."""
+
+    scheme: str
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    shape: tuple[int, int]  # [out, in]
+    group_size: int | None = None
+
+    def nbytes(self) -> int:
+        parts = (self.qweight, self.scales) + ((self.zeros,) if self.zeros is not None else ())
+        return sum(t.numel() * t.element_size() for t in parts)
+
+
+# --8<-- [start:quantize_weight]
+def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """W [out, in] -> int8 rows with one symmetric scale per output channel."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # [out]; an all-zero row stays 0
+    scales = scales.to(weight.dtype).float()  # the stored scale is the one codes are made for
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
+    return QuantizedWeight("int8", q, scales.to(weight.dtype), None, tuple(w.shape))
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
+    """W [out, in] -> 4-bit codes in groups of group_size inputs, each group with its own scale
+    and zero point spanning the group's [min, max]."""
+    out, inp = weight.shape
+    if inp % group_size:
+        raise ValueError(f"int4 groups of {group_size} do not divide an input size of {inp}")
+    w = weight.detach().float().view(out, inp // group_size, group_size)  # [out, G, group]
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)  # [out, G]
+    scales = ((hi - lo) / 15).clamp(min=1e-12).to(weight.dtype).float()  # [out, G]
+    zeros = (lo + 8 * scales).to(weight.dtype).float()  # [out, G]: what code 8 stands for
+    q = torch.round((w - zeros[..., None]) / scales[..., None]) + 8  # [out, G, group]
+    q = q.clamp(0, 15).to(torch.uint8).view(out, inp)  # [out, in], codes 0..15
+    packed = q[:, 0::2] | (q[:, 1::2] << 4)  # [out, in / 2]: even input low, odd input high
+    return QuantizedWeight("int4", packed, scales.to(weight.dtype), zeros.to(weight.dtype),
+                           (out, inp), group_size)
+
+
+def dequantize_weight(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The [out, in] weight the codes stand for, computed in float32, returned in dtype."""
+    if qw.scheme == "int8":
+        return (qw.qweight.float() * qw.scales.float()[:, None]).to(dtype)
+    out, inp = qw.shape
+    q = torch.stack([qw.qweight & 0xF, qw.qweight >> 4], dim=-1).view(out, inp)  # [out, in]
+    q = q.float().view(out, inp // qw.group_size, qw.group_size)  # [out, G, group]
+    w = (q - 8) * qw.scales.float()[..., None] + qw.zeros.float()[..., None]
+    return w.view(out, inp).to(dtype)
+# --8<-- [end:quantize_weight]
+
+
+# --8<-- [start:quantized_linear]
+def quantized_linear(x: torch.Tensor, qw: QuantizedWeight,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] -> [T, out]: the weight dequantized, then an ordinary product, both in
+    float32 and rounded once to x's dtype, as the fast kernels accumulate."""
+    out = F.linear(x.float(), dequantize_weight(qw, torch.float32))  # [T, out]
+    return (out if bias is None else out + bias.float()).to(x.dtype)
+# --8<-- [end:quantized_linear]

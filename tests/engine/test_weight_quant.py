@@ -1,0 +1,146 @@
+"""Weight quantization (``quantization="int8"`` / ``"int4"``): what is stored, the fast CPU
+kernels against the twin, both tiers on a quantized model, and the refusals.
+
+Tolerance between the tiers: a quantized model runs in bfloat16 (its default dtype), where the
+tiers' products add in different orders (torch's weight-only kernels against dequantize-then-
+multiply; the optimized tier's attention) and the logits differ by a few bf16 rounding steps,
+as they do between the tiers for an unquantized bf16 model. Greedy tokens may then part at a
+near-tie: compared as vLLM compares kernels, at the first differing position each tier's token
+must be among the other's top logprobs, with close logprobs.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from pagedllm import optimized, reference
+from pagedllm.optimized.quant_layers import Int4PackedLinear, Int8PackedLinear
+from pagedllm.reference import SamplingParams
+from pagedllm.reference.model.quantization import QuantizedLinear
+from pagedllm.reference.ops.weight_quant import (
+    dequantize_weight,
+    quantize_int4,
+    quantize_int8,
+    quantized_linear,
+)
+from pagedllm.serving.default_model import default_model_dir
+
+TIERS = {"reference": reference.LLM, "optimized": optimized.LLM}
+PROMPTS = ["The for statement is used to", "Return a list of the", "This module provides"]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return default_model_dir()
+
+
+# -- what is stored -------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_round_trip_is_within_half_a_step(dtype):
+    w = (torch.randn(48, 64) * torch.logspace(-3, 1, 48)[:, None]).to(dtype)  # rows of any size
+    q = quantize_int8(w)
+    assert q.qweight.dtype == torch.int8 and q.qweight.abs().max() <= 127
+    assert q.scales.shape == (48,) and q.scales.dtype == dtype
+    err = (dequantize_weight(q, torch.float32) - w.float()).abs()
+    assert (err <= q.scales.float()[:, None] / 2 * 1.01).all(), "round to the nearest code"
+    assert q.nbytes() < w.numel() * w.element_size()
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_int4_groups_span_their_range_and_pack_two_codes_a_byte(group_size):
+    w = torch.randn(24, 128) * 0.1
+    w[3, :group_size] = 5.0  # a group of one value, and an outlier confined to its group
+    w[5, :] += 2.0  # a row far from zero: a symmetric scale would waste half its levels
+    q = quantize_int4(w, group_size)
+    assert q.qweight.shape == (24, 64) and q.qweight.dtype == torch.uint8
+    assert q.scales.shape == q.zeros.shape == (24, 128 // group_size)
+    back = dequantize_weight(q, torch.float32)
+    err = (back - w).abs().view(24, -1, group_size)
+    assert (err <= q.scales[..., None] / 2 * 1.01 + 1e-6).all()
+    # The packing: input 2i in the low nibble of byte i, input 2i + 1 in the high one.
+    codes = torch.stack([q.qweight & 0xF, q.qweight >> 4], -1).view(24, 128).float()
+    expect = (back.view(24, -1, group_size) - q.zeros[..., None]) / q.scales[..., None] + 8
+    torch.testing.assert_close(codes, expect.view(24, 128), atol=1e-3, rtol=0)
+
+
+def test_int4_refuses_a_group_that_does_not_divide_the_input():
+    with pytest.raises(ValueError, match="groups of 64 do not divide an input size of 96"):
+        quantize_int4(torch.randn(8, 96), 64)
+
+
+# -- the fast kernels against the twin -------------------------------------------------------
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_packed_kernels_compute_what_the_twin_computes(scheme):
+    torch.manual_seed(0)
+    w = (torch.randn(96, 256) * 0.05).bfloat16()
+    q = quantize_int8(w) if scheme == "int8" else quantize_int4(w, 64)
+    bias = torch.randn(96).bfloat16()
+    layer = QuantizedLinear(q, bias)
+    fast = (Int8PackedLinear if scheme == "int8" else Int4PackedLinear)(layer, torch.bfloat16)
+    for rows in (1, 3, 17):
+        x = torch.randn(rows, 256).bfloat16()
+        want = quantized_linear(x, q, bias)  # [rows, 96]
+        got = fast(x)
+        assert got.dtype == want.dtype == torch.bfloat16
+        # The same float32 sums in another order, one rounding to bf16 (then the bias add):
+        # at most a rounding step apart.
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+
+
+# -- the engine ------------------------------------------------------------------------------
+def _generate(llm, max_tokens=24, logprobs=None):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                            logprobs=logprobs)
+    return [out.outputs[0] for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_both_tiers_run_a_quantized_model_and_agree(model_dir, scheme):
+    llms = {tier: make(model_dir, quantization=scheme) for tier, make in TIERS.items()}
+    outs = {tier: _generate(llm, logprobs=5) for tier, llm in llms.items()}
+    for ref, opt in zip(outs["reference"], outs["optimized"], strict=True):
+        assert len(ref.token_ids) == len(opt.token_ids) == 24
+        pairs = zip(ref.token_ids, opt.token_ids, strict=True)
+        diverged = [i for i, (a, b) in enumerate(pairs) if a != b]
+        if diverged:  # a near-tie broken the other way: each is in the other's top 5
+            i = diverged[0]
+            a, b = ref.token_ids[i], opt.token_ids[i]
+            assert b in ref.logprobs[i] and a in opt.logprobs[i], (scheme, i, a, b)
+            gap = ref.logprobs[i][a] - ref.logprobs[i][b]
+            assert gap < 0.1, f"{scheme}: the tiers parted at a gap of {gap:.3f} nats"
+    for tier, llm in llms.items():
+        stats = llm.stats()
+        assert stats["quantization"] == scheme
+        # Never silently unquantized: no float linear layer is left in the model run.
+        linears = [m for m in llm.engine.model.modules() if isinstance(m, nn.Linear)]
+        assert not linears, f"{tier}: {len(linears)} linear layers were left in float"
+
+
+def test_quantized_weights_take_fewer_bytes_and_skip_keeps_a_layer(model_dir):
+    plain = reference.LLM(model_dir, dtype="bfloat16").stats()["weight_bytes"]
+    int8 = reference.LLM(model_dir, quantization="int8").stats()["weight_bytes"]
+    int4 = reference.LLM(model_dir, quantization="int4").stats()["weight_bytes"]
+    assert int4 < int8 < plain
+    kept = optimized.LLM(model_dir, quantization="int8", quantization_skip=("lm_head",))
+    # The tiny model ties its LM head to the embedding: left in float, the head is the
+    # embedding's own table again, and the quantized copy of it is gone.
+    assert kept.stats()["weight_bytes"] < int8
+    assert not isinstance(kept.engine.model.lm_head, (QuantizedLinear, Int8PackedLinear))
+    assert _generate(kept, max_tokens=4)  # and it runs
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"quantization": "int3"}, "quantization"),
+    ({"quantization": "int4", "quantization_group_size": 48}, "quantization_group_size"),
+    ({"quantization": "int8", "quantization_skip": "lm_head"}, "quantization_skip"),
+])
+@pytest.mark.parametrize("tier", TIERS)
+def test_bad_quantization_options_are_refused_by_name(model_dir, tier, options, field):
+    with pytest.raises((ValueError, TypeError), match=field):
+        TIERS[tier](model_dir, **options)
+
+
+def test_a_group_size_that_does_not_divide_a_layer_names_the_layer(model_dir):
+    # The tiny model's MLP has 704 inputs to down_proj: groups of 256 do not divide it.
+    with pytest.raises(ValueError, match=r"down_proj \(in 704\)"):
+        reference.LLM(model_dir, quantization="int4", quantization_group_size=256)
