@@ -1,0 +1,140 @@
+"""What quantizing the weights costs in quality and saves in bytes, per scheme.
+
+For each model and each scheme (the checkpoint's weights in float32 and in bfloat16, int8 per
+output channel, int4 per group of 32 / 64 / 128 inputs where the group divides every layer):
+
+- **perplexity** on ``benchmarks/data/held_text.txt``, the held-out text of the KV-quantization
+  benchmark (``kv_quant.py``, whose windowed prefill this reuses), every next token scored;
+- **greedy agreement** with the unquantized model at the same dtype (bfloat16, a quantized
+  model's own): the share of positions whose top token is the same when the unquantized
+  model's greedy continuation of fixed chat prompts is fed back (teacher forcing), and how many
+  free-running continuations are identical;
+- **weight bytes**, as the engine counts them (``stats()["weight_bytes"]``: codes, scales and
+  zero points, the float embedding and norms).
+
+    python benchmarks/weight_quant.py --model smollm2-135m-instruct --json /tmp/wq.json
+    python benchmarks/weight_quant.py --quick        # the tiny model, a short text
+
+Quality is a property of the scheme, not of the tier (tests/engine/test_weight_quant.py holds
+the tiers together), so this runs the reference tier.
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from pagedllm.benchmarks.bench_report import write_json
+from pagedllm.benchmarks.kv_quant import (
+    CHAT_PROMPTS,
+    HELD_TEXT,
+    TINY,
+    greedy,
+    perplexity,
+    window_logits,
+)
+from pagedllm.reference.engine import EngineArgs, LLMEngine
+from pagedllm.reference.engine.chat import chat_prompt
+from pagedllm.reference.model import load_config, resolve_model
+from pagedllm.reference.model.loader import load_tokenizer
+
+# (label, dtype, quantization, group size)
+SCHEMES = [("float32", "float32", None, None), ("bfloat16", "bfloat16", None, None),
+           ("int8", "bfloat16", "int8", None), ("int4 g32", "bfloat16", "int4", 32),
+           ("int4 g64", "bfloat16", "int4", 64), ("int4 g128", "bfloat16", "int4", 128)]
+BASELINE = "bfloat16"  # the unquantized model in a quantized model's dtype
+GOALS = {"int8": 1.0, "int4 g32": 6.0, "int4 g64": 6.0, "int4 g128": 6.0}  # issue 22, %
+
+
+def engine_for(model_dir: Path, dtype: str, quantization, group_size, window: int):
+    args = EngineArgs(model_dir, dtype=dtype, quantization=quantization,
+                      quantization_group_size=group_size or 64,
+                      num_gpu_blocks=-(-window // 16) + 1,
+                      max_model_len=min(window, load_config(model_dir).max_position_embeddings))
+    return LLMEngine.from_engine_args(args)
+
+
+def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
+                  max_tokens: int, prompts: list[str]) -> dict:
+    tokenizer = load_tokenizer(model_dir)
+    ids = tokenizer.encode(HELD_TEXT.read_text())[:max_text_tokens]
+    chats = [chat_prompt(tokenizer, [{"role": "user", "content": p}])["prompt_token_ids"]
+             for p in prompts] if tokenizer.chat_template else \
+        [tokenizer.encode(p) for p in prompts]
+    rows, skipped, base = {}, {}, None
+    for label, dtype, scheme, group in SCHEMES:
+        try:
+            engine = engine_for(model_dir, dtype, scheme, group, window)
+        except ValueError as err:  # a group size that does not divide a layer
+            skipped[label] = str(err)
+            continue
+        ppl = perplexity(engine, ids, window)
+        outs = greedy(engine, chats, max_tokens)
+        if label == BASELINE:
+            base = {"outs": outs, "argmax": [window_logits(engine, c + o)[len(c) - 1:-1]
+                                             .argmax(-1) for c, o in zip(chats, outs,
+                                                                         strict=True)]}
+        agree = positions = 0
+        if base is not None:
+            for c, o, want in zip(chats, base["outs"], base["argmax"], strict=True):
+                got = window_logits(engine, c + o)[len(c) - 1:-1].argmax(-1)  # [len(o)]
+                agree += int((got == want).sum())
+                positions += len(o)
+        rows[label] = {"perplexity": ppl, "weight_bytes": engine.stats()["weight_bytes"],
+                       "top1_agreement": agree / positions if positions else None,
+                       "identical_continuations": (sum(a == b for a, b in zip(
+                           outs, base["outs"], strict=True)) if base else None),
+                       "continuations": len(outs)}
+    for row in rows.values():
+        row["ppl_change_pct"] = 100 * (row["perplexity"] / rows[BASELINE]["perplexity"] - 1)
+        row["bytes_vs_baseline"] = row["weight_bytes"] / rows[BASELINE]["weight_bytes"]
+    return {"model": name, "text_tokens": len(ids), "window": window, "schemes": rows,
+            "skipped": skipped, "goals_pct": GOALS}
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['model']}: perplexity on {result['text_tokens']} tokens of held text "
+          f"(windows of {result['window']}), against the unquantized model in bfloat16")
+    print(f"{'scheme':10s} {'ppl':>9s} {'change':>8s} {'goal':>6s} {'top-1':>7s} "
+          f"{'same':>5s} {'weight MB':>10s} {'x bf16':>7s}")
+    for label, r in result["schemes"].items():
+        goal = GOALS.get(label)
+        top1 = "" if r["top1_agreement"] is None else f"{r['top1_agreement']:.1%}"
+        same = "" if r["identical_continuations"] is None else \
+            f"{r['identical_continuations']}/{r['continuations']}"
+        print(f"{label:10s} {r['perplexity']:9.3f} {r['ppl_change_pct']:+7.2f}% "
+              f"{'' if goal is None else f'+{goal:g}%':>6s} {top1:>7s} {same:>5s} "
+              f"{r['weight_bytes'] / 1e6:10.1f} {r['bytes_vs_baseline']:7.2f}")
+    for label, why in result["skipped"].items():
+        print(f"{label:10s} skipped: {why}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", action="append", help="a model name or folder (repeatable; "
+                   "default: the shipped tiny model)")
+    p.add_argument("--quick", action="store_true", help="a short text, 3 prompts")
+    p.add_argument("--window", type=int, default=512, help="tokens per scored window")
+    p.add_argument("--max-text-tokens", type=int, default=4096)
+    p.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per chat prompt")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.quick:
+        args.window, args.max_text_tokens, args.max_tokens = 128, 384, 12
+    prompts = CHAT_PROMPTS[:3] if args.quick else CHAT_PROMPTS
+    results = []
+    for name in args.model or ["tiny-pydoc"]:
+        model_dir = TINY if name == "tiny-pydoc" else Path(resolve_model(name))
+        print(f"{name}:", flush=True)
+        results.append(measure_model(name, model_dir, args.window, args.max_text_tokens,
+                                     args.max_tokens, prompts))
+    for result in results:
+        print_table(result)
+    out = {"held_text": str(HELD_TEXT.name), "results": results}
+    write_json(out, args.json)
+    return out
+
+
+if __name__ == "__main__":
+    main()
