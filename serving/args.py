@@ -23,10 +23,12 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8: set the per-tensor scales from the first batch instead of "
                         "1.0 (values beyond fp8's range would be clipped)")
-    parser.add_argument("--quantization", "-q", choices=("int8", "int4"), default=None,
+    parser.add_argument("--quantization", "-q", choices=("int8", "int4", "gguf"), default=None,
                         help="quantize the linear layers' weights at load: int8 (a scale per "
-                        "output channel) or int4 (a scale and zero point per group of inputs); "
-                        "with --dtype auto the model then runs in bfloat16")
+                        "output channel), int4 (a scale and zero point per group of inputs) or "
+                        "gguf "
+                        "(a .gguf model's own Q4_0/Q4_1 blocks, not expanded); with --dtype "
+                        "auto the model then runs in bfloat16")
     parser.add_argument("--quantization-group-size", type=int, default=64,
                         help="int4: inputs per group, 32, 64, 128 or 256 (default 64)")
     parser.add_argument("--quantization-skip", nargs="+", default=[], metavar="LAYER",

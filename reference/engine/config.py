@@ -19,6 +19,7 @@ import torch
 from ..kv_size import kv_size
 from ..model import load_config, resolve_model
 from ..model.config import ModelConfig
+from ..model.gguf import converted_from
 from ..model.loader import parse_device
 from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
 from ..ops import KV_CACHE_DTYPES, REFERENCE_BACKEND, Backend, KVCacheFormat, kv_cache_format
@@ -189,6 +190,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     model_dir = Path(model_dir)
     if dtype_name == "auto":
         dtype_name = auto_dtype(device, cfg.dtype)
+    if args.quantization == "gguf" and converted_from(model_dir) is None:
+        raise FieldValueError("quantization", f"quantization 'gguf' serves a GGUF file's own "
+                              f"blocks; {args.model} is not a .gguf model: give a .gguf file "
+                              "or a name such as smollm2-135m-instruct, or use 'int8' / 'int4'")
     if kv_format.values_per_byte == 2 and cfg.head_dim % 2:
         raise FieldValueError("kv_cache_dtype", f"kv_cache_dtype 'int4' packs two values per "
                               f"byte, half of head_dim into each nibble; this model's head_dim "

@@ -25,8 +25,9 @@ import torch
 
 from ..kv import CacheEngine, ContiguousKVCacheManager, PagedKVCacheManager
 from ..model import load_model
+from ..model.gguf import converted_from
 from ..model.loader import load_tokenizer
-from ..model.quantization import quantize_model, weight_bytes
+from ..model.quantization import float_linears, quantize_model, weight_bytes
 from ..ops import SamplerOutput
 from .beam_search import BeamSearchParams, rank_beams, select_beams
 from .config import EngineArgs, EngineConfig
@@ -49,6 +50,9 @@ class LLMEngine:
         """config: checked and resolved (``EngineArgs(...).create_engine_config()``); model: the
         reference model of the checkpoint, loaded in config.dtype on config.device."""
         self.config = config
+        # With a quantization, the layers it left in float (skipped, or not in the GGUF's
+        # blocks), named before a tier's runner rewrites the modules.
+        self.float_linears = float_linears(model) if config.quantization else []
         self.runner = config.model_runner(model, config)  # the tier, chosen once
         cfg = config.model_config
         # None: the runner measures what the GPU has left once weights and a step are in.
@@ -87,7 +91,7 @@ class LLMEngine:
         model = load_model(config.model_dir, dtype=config.dtype, device=config.device)
         if config.quantization is not None:  # the float weights are dropped layer by layer
             model = quantize_model(model, config.quantization, config.quantization_group_size,
-                                   config.quantization_skip)
+                                   config.quantization_skip, converted_from(config.model_dir))
         return cls(config, model, load_tokenizer(config.model_dir))
 
     @property
@@ -337,4 +341,5 @@ class LLMEngine:
             "kv_capacity_tokens": total * self.kv.block_size,
             "quantization": self.config.quantization,
             "weight_bytes": self.weight_bytes,
+            "float_linears": self.float_linears,
         }

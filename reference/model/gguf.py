@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ..ops.weight_quant import QuantizedWeight
+
 # The tensor types this converter accepts: float, and the classic block-quantized formats.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 SOURCE_FILE = "converted-from.json"  # what a converted folder was made from
@@ -124,6 +126,14 @@ def _remove_stale_partials(out_dir: Path, age_s: float = 3600.0) -> None:
             pass  # removed by someone else meanwhile
 
 
+def converted_from(folder: Path) -> Path | None:
+    """The GGUF file a converted folder was made from (None for any other folder)."""
+    try:
+        return Path(json.loads((Path(folder) / SOURCE_FILE).read_text())["gguf"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _identity(gguf_file: Path) -> dict:
     """What tells a GGUF file from another at the same path: a file replaced by a different one
     of the same size (a re-quantization, a re-download) must be converted again, so the
@@ -140,3 +150,73 @@ def is_converted_from(folder: Path, gguf_file: Path) -> bool:
         return all(source.get(key) == value for key, value in _identity(gguf_file).items())
     except (OSError, ValueError, AttributeError):  # no record, a corrupt one, no file
         return False
+
+
+# -- serving the file's own 4-bit blocks (quantization="gguf") ------------------------------
+# --8<-- [start:gguf_blocks]
+def q4_blocks_to_int4(raw: torch.Tensor, kind: str, dtype: torch.dtype) -> QuantizedWeight:
+    """A Q4_0 / Q4_1 tensor's rows of blocks -> the int4 layout of ``ops/weight_quant.py``
+    (groups of 32), without going through float weights.
+
+    raw: uint8 [out, in / 32 * block bytes]. A block is 32 weights of one row: an fp16 scale d
+    (Q4_1: and an fp16 minimum m), then 16 bytes whose low nibbles are weights 0-15 and high
+    nibbles weights 16-31. Q4_0 means (q - 8) d, Q4_1 means q d + m; ours is (q - 8) s + z, so
+    s = d, and z = 0 (Q4_0) or m + 8 d (Q4_1), rounded to the model's dtype.
+    """
+    out = raw.shape[0]
+    head = 2 if kind == "Q4_0" else 4  # bytes of d (and m) in front of the 16 code bytes
+    blocks = raw.view(out, -1, head + 16)  # [out, G, bytes]
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # [out, G]
+    if kind == "Q4_0":
+        zero = torch.zeros_like(d)
+    else:
+        m = blocks[..., 2:4].contiguous().view(torch.float16).float()[..., 0]
+        zero = m + 8 * d
+    qs = blocks[..., head:]  # [out, G, 16]
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(out, -1)  # [out, in]: GGUF order
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # [out, in / 2]: ours (even input low)
+    inp = codes.shape[1]
+    return QuantizedWeight("int4", packed, d.to(dtype), zero.to(dtype), (out, inp), 32)
+
+
+def unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's reordering of q/k rows (its converter permutes
+    each head's rows for its rotary layout): hf_weight = gguf_weight[order]."""
+    p = torch.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)
+    return torch.argsort(p)  # gguf row i holds hf row p[i]
+# --8<-- [end:gguf_blocks]
+
+
+def gguf_quantized_weights(gguf_file: Path, model_config, names: list[str],
+                           dtype: torch.dtype) -> tuple[dict, dict]:
+    """For each linear layer name (Hugging Face's), the file's blocks as a QuantizedWeight
+    where the file stores the layer as Q4_0 / Q4_1; the others, with their type, apart."""
+    from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, get_tensor_name_map
+
+    reader = _reader(gguf_file)
+    arch_name = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    arch = {v: k for k, v in MODEL_ARCH_NAMES.items()}.get(arch_name)
+    if arch != MODEL_ARCH.LLAMA:
+        raise ValueError(f"quantization 'gguf' serves the blocks of Llama-architecture files; "
+                         f"{gguf_file.name} is {arch_name!r}: leave quantization unset to run "
+                         "its dequantized weights")
+    name_map = get_tensor_name_map(arch, model_config.num_layers)
+    tensors = {t.name: t for t in reader.tensors}
+    found, other = {}, {}
+    for name in names:
+        gname = name_map.get_name(name + ".weight", try_suffixes=(".weight",))
+        tensor = tensors.get(gname)
+        kind = tensor.tensor_type.name if tensor is not None else "absent (tied)"
+        if kind not in ("Q4_0", "Q4_1"):
+            other[name] = kind
+            continue
+        raw = torch.from_numpy(tensor.data.copy())  # [out, bytes per row]
+        qw = q4_blocks_to_int4(raw, kind, dtype)
+        if name.endswith(("q_proj", "k_proj")):
+            heads = model_config.num_heads if name.endswith("q_proj") else \
+                model_config.num_kv_heads
+            order = unpermute_rows(qw.shape[0], heads)
+            qw = QuantizedWeight("int4", qw.qweight[order], qw.scales[order], qw.zeros[order],
+                                 qw.shape, 32)
+        found[name] = qw
+    return found, other

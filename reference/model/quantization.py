@@ -1,4 +1,5 @@
-"""Quantizing a loaded model's linear layers in place (``quantization="int8"`` / ``"int4"``).
+"""Quantizing a loaded model's linear layers in place (``quantization="int8"`` / ``"int4"``, or
+``"gguf"``: a GGUF file's own 4-bit blocks).
 
 Every ``nn.Linear`` becomes a ``QuantizedLinear`` holding its codes and scales
 (``ops/weight_quant.py``) instead of the float weight: the float copy is dropped, so the weight
@@ -6,6 +7,8 @@ bytes shrink by the scheme's ratio. Embeddings and norms stay in the model's dty
 named in ``skip`` (its name or the last part of it, e.g. ``lm_head``) keeps its float weight.
 A tied LM head is quantized as its own copy: the input embedding keeps the float table.
 """
+
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -18,6 +21,7 @@ from ..ops.weight_quant import (
     quantize_int8,
     quantized_linear,
 )
+from .gguf import gguf_quantized_weights
 
 
 class QuantizedLinear(nn.Module):
@@ -53,14 +57,22 @@ def check_quantization(scheme, group_size) -> None:
 
 
 def quantize_model(model: nn.Module, scheme: str, group_size: int = 64,
-                   skip: tuple[str, ...] = ()) -> nn.Module:
+                   skip: tuple[str, ...] = (), gguf_file: Path | None = None) -> nn.Module:
     """Replace the model's linear layers by quantized ones, in place. Every layer is checked
     before any is replaced: a group size that does not divide one layer's input size names that
-    layer, and the model is left as it was."""
+    layer, and the model is left as it was. "gguf" takes the layers the file stores in 4-bit
+    blocks from the file itself; the others keep their (dequantized) float weights, and
+    ``float_linears`` names them."""
     check_quantization(scheme, group_size)
     names = {name: module for name, module in model.named_modules()
              if isinstance(module, nn.Linear)
              and not (name in skip or name.rsplit(".", 1)[-1] in skip)}
+    if scheme == "gguf":
+        dtype = next(model.parameters()).dtype
+        found, _ = gguf_quantized_weights(gguf_file, model.config, list(names), dtype)
+        for name, qw in found.items():
+            _replace(model, name, QuantizedLinear(qw, names[name].bias))
+        return model
     if scheme == "int4":
         bad = [f"{name} (in {m.in_features})" for name, m in names.items()
                if m.in_features % group_size]
@@ -69,12 +81,20 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 64,
                              f"size of {', '.join(bad[:4])}; choose a group size that divides "
                              f"it, or leave the layer out with quantization_skip")
     for name, linear in names.items():
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
         q = quantize_int8(linear.weight) if scheme == "int8" else \
             quantize_int4(linear.weight, group_size)
-        setattr(parent, attr, QuantizedLinear(q, linear.bias))
+        _replace(model, name, QuantizedLinear(q, linear.bias))
     return model
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
+
+
+def float_linears(model: nn.Module) -> list[str]:
+    """The linear layers left in float: skipped, or (gguf) not stored in 4-bit blocks."""
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-WEIGHT_QUANTIZATIONS = ("int8", "int4")
+WEIGHT_QUANTIZATIONS = ("int8", "int4", "gguf")  # gguf: a .gguf file's own 4-bit blocks
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 

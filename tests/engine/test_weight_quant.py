@@ -144,3 +144,29 @@ def test_a_group_size_that_does_not_divide_a_layer_names_the_layer(model_dir):
     # The tiny model's MLP has 704 inputs to down_proj: groups of 256 do not divide it.
     with pytest.raises(ValueError, match=r"down_proj \(in 704\)"):
         reference.LLM(model_dir, quantization="int4", quantization_group_size=256)
+
+
+# -- a GGUF file's own blocks (quantization="gguf") --------------------------------------------
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_q4_blocks_mean_what_ggml_dequantizes_them_to(kind):
+    """The blocks, read without expanding them, stand for the weights gguf's own (ggml's)
+    dequantizer computes; the only difference is d and m rounded to the model's dtype."""
+    import numpy as np
+    from gguf.quants import GGMLQuantizationType, dequantize, quantize
+
+    from pagedllm.reference.model.gguf import q4_blocks_to_int4
+
+    w = np.random.default_rng(0).standard_normal((12, 128)).astype(np.float32)
+    w[2] += 3.0  # a row away from zero (Q4_1's minimum matters)
+    blocks = quantize(w, GGMLQuantizationType[kind])  # uint8 [12, 4 blocks * bytes]
+    want = torch.from_numpy(dequantize(blocks, GGMLQuantizationType[kind]).copy())
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2**-7)):
+        qw = q4_blocks_to_int4(torch.from_numpy(blocks.copy()), kind, dtype)
+        assert qw.group_size == 32 and qw.qweight.shape == (12, 64)
+        got = dequantize_weight(qw, torch.float32)
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_gguf_refuses_a_model_that_is_not_a_gguf(model_dir):
+    with pytest.raises(ValueError, match="quantization 'gguf' serves a GGUF file's own blocks"):
+        reference.LLM(model_dir, quantization="gguf")
