@@ -137,6 +137,8 @@ def ours(work, llm_class, ckpt: Path, *, batch: int, max_len: int, warm=(),
     after = llm.stats()
     counts = {k: after[k] - before[k]
               for k in ("preemptions_recompute", "prefill_tokens", "decode_tokens")}
+    counts.update(weight_bytes=after["weight_bytes"],
+                  kv_bytes_per_token=after["kv_bytes_per_token"])
     return Measured(tokens, clock, partial, counts, made=sampled if partial else None)
 
 

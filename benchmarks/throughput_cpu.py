@@ -61,6 +61,7 @@ from pagedllm.benchmarks.bench_report import write_json
 from pagedllm.benchmarks.systems import BLOCK_SIZE, attempt, hf_generate, hf_generate_batch, ours
 from pagedllm.optimized import LLM as OptimizedLLM
 from pagedllm.reference import LLM
+from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.model.config import load_config
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.reference.model.registry import resolve_model
@@ -90,6 +91,11 @@ SEED = 0
 
 SYSTEMS = ("optimized", "paged_continuous", "contiguous_static", "hf_generate",
            "hf_generate_batch")
+# Weight precisions our systems run in (--precision): the float dtypes, and the weight
+# quantizations (their activations bf16); transformers runs each float dtype requested, and
+# bf16 as well when a quantization is (its fastest precision for the comparison).
+PRECISIONS = ("float32", "bfloat16", "int8", "int4", "gguf")
+HF_SYSTEMS = ("hf_generate", "hf_generate_batch")
 LABELS = {
     "optimized": "ours, optimized tier: paged + continuous",
     "paged_continuous": "ours: paged + continuous",
@@ -200,10 +206,11 @@ def torch_threads(threads: int):
 
 # -- the race ---------------------------------------------------------------------------------
 def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
-         kv_cache_dtypes=("auto",)) -> dict:
+         kv_cache_dtypes=("auto",), precisions=("float32",)) -> dict:
     """Every system in `only` on the same workload, batch size and KV room, one after the
     other; each warmed up first on two short requests. Our systems run once per kv_cache_dtype
-    (the same token slots, stored in fewer bytes): "optimized@int8" and so on."""
+    (the same token slots, stored in fewer bytes): "optimized@int8" and so on; and once per
+    weight precision: "optimized#int4"; transformers once per float precision."""
     warm = [(ids[:8], 4) for ids, _ in work[:2]]
     common = dict(batch=batch, max_len=max_len, warm=warm, reservation_policy="max")
     # Continuous batching schedules as vLLM V1 does (and transformers' continuous batching):
@@ -215,23 +222,29 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
         "paged_continuous": (LLM, continuous),
         "contiguous_static": (LLM, dict(kv_layout="contiguous", batching="static")),
     }
-    runs = {
-        "hf_generate": lambda: hf_generate(work, ckpt, batch=batch, warm=warm),
-        "hf_generate_batch": lambda: hf_generate_batch(work, ckpt, batch=batch,
-                                                       max_len=max_len, warm=warm,
-                                                       page_size=BLOCK_SIZE),
-    }
-    names = []
+    hf_dtypes = ["float32"] + (["bfloat16"] if set(precisions) - {"float32"} else [])
+    runs, names = {}, []
     for name in only:
-        if name not in our_systems:
-            names.append(name)
+        if name in HF_SYSTEMS:
+            for dtype in hf_dtypes:
+                key = name if dtype == "float32" else f"{name}#{dtype}"
+                runs[key] = functools.partial(
+                    hf_generate if name == "hf_generate" else hf_generate_batch, work, ckpt,
+                    batch=batch, warm=warm, dtype=getattr(torch, dtype),
+                    **({} if name == "hf_generate" else dict(max_len=max_len,
+                                                             page_size=BLOCK_SIZE)))
+                names.append(key)
             continue
-        for dtype in kv_cache_dtypes:
-            key = name if dtype == "auto" else f"{name}@{dtype}"
-            llm_class, options = our_systems[name]
-            runs[key] = functools.partial(ours, work, llm_class, ckpt, **common, **options,
-                                          kv_cache_dtype=dtype)
-            names.append(key)
+        for kv_dtype in kv_cache_dtypes:
+            for precision in precisions:
+                key = name + ("" if kv_dtype == "auto" else f"@{kv_dtype}") + \
+                    ("" if precision == "float32" else f"#{precision}")
+                llm_class, options = our_systems[name]
+                weights = {"dtype": precision} if precision in ("float32", "bfloat16") else \
+                    {"quantization": precision}
+                runs[key] = functools.partial(ours, work, llm_class, ckpt, **common, **options,
+                                              kv_cache_dtype=kv_dtype, **weights)
+                names.append(key)
     total = sum(n for _, n in work)
     results, first_tokens = {}, None
     for name in names:
@@ -257,8 +270,10 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
 
 
 def label_of(name: str) -> str:
-    system, _, dtype = name.partition("@")
-    return LABELS[system] + (f" [kv {dtype}]" if dtype else "")
+    rest, _, precision = name.partition("#")
+    system, _, dtype = rest.partition("@")
+    return LABELS[system] + (f" [kv {dtype}]" if dtype else "") + \
+        (f" [{precision}]" if precision else "")
 
 
 def matmul_flops(hidden: int, seconds: float = 1.0) -> float:
@@ -281,9 +296,40 @@ def add_compute_floor(results: dict, params: int, flops: float) -> None:
             res["compute_floor_share"] = 2 * params * res["tokens_per_s"] / flops
 
 
+def stream_bandwidth(seconds: float = 1.0) -> float:
+    """Bytes/s this thread reads from memory, measured now: sums over a 256 MiB tensor (far
+    larger than any cache), the way a decode step streams its weights."""
+    x = torch.ones(64 * 2**20)  # 256 MiB of float32
+    x.sum()  # warm-up: pages touched
+    calls, began = 0, time.perf_counter()
+    while (spent := time.perf_counter() - began) < seconds:
+        x.sum()
+        calls += 1
+    return calls * x.numel() * x.element_size() / spent
+
+
+def add_bandwidth_floor(results: dict, work, batch: int, ckpt: Path, hf_bytes: dict,
+                        bandwidth: float) -> None:
+    """Each system's share of its memory-bandwidth floor: a full decode step of `batch`
+    sequences reads every weight once and each sequence's K/V so far, so an output token costs
+    at least weight_bytes / batch + (mean context) x kv bytes per token; tok/s times that, over
+    the bandwidth measured in this run. Batches below full read more per token: the share is
+    of an optimistic floor."""
+    context = sum(len(prompt) + n / 2 for prompt, n in work) / len(work)  # mean over a decode
+    for name, res in results.items():
+        if not res.get("ok"):
+            continue
+        precision = name.partition("#")[2] or "float32"
+        if "weight_bytes" not in res:  # transformers: its parameters at its dtype
+            res["weight_bytes"] = hf_bytes[precision]
+            res["kv_bytes_per_token"] = kv_size(ckpt, precision).bytes_per_token
+        per_token = res["weight_bytes"] / batch + context * res["kv_bytes_per_token"]
+        res["bandwidth_floor_share"] = res["tokens_per_s"] * per_token / bandwidth
+
+
 def print_table(results: dict) -> None:
     print(f"\n{'system':50}{'tokens':>8}{'wall s':>8}{'tok/s':>8}{'x gen':>7}"
-          f"{'CPU s':>8}{'tok/CPU-s':>10}{'x gen':>7}{'floor':>7}")
+          f"{'CPU s':>8}{'tok/CPU-s':>10}{'x gen':>7}{'floor':>7}{'bw':>7}")
 
     def times(value):
         return "" if value is None else f"{value:.2f}x"
@@ -296,10 +342,13 @@ def print_table(results: dict) -> None:
               f"{res['tokens_per_s']:8.1f}{times(res.get('ratio_to_hf_generate')):>7}"
               f"{res['cpu_seconds']:8.1f}{res['tokens_per_cpu_s']:10.1f}"
               f"{times(res.get('cpu_ratio_to_hf_generate')):>7}"
-              f"{100 * res.get('compute_floor_share', 0):6.1f}%")
+              f"{100 * res.get('compute_floor_share', 0):6.1f}%"
+              f"{100 * res.get('bandwidth_floor_share', 0):6.1f}%")
     print("tokens: each request's own output tokens; x gen: throughput / transformers generate's;"
           " CPU s: this process's CPU time (all threads); floor: share of the compute floor "
-          "(2 x parameters FLOPs per token x tok/s / matmul FLOP/s measured in this run)")
+          "(2 x parameters FLOPs per token x tok/s / matmul FLOP/s measured in this run); bw: "
+          "share of the memory-bandwidth floor (weight bytes / batch + mean context x KV bytes "
+          "per token, x tok/s / the bandwidth measured in this run)")
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -315,12 +364,19 @@ def main(argv: list[str] | None = None) -> dict:
                         help="torch threads for every system (default 1; 0: torch's default)")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    parser.add_argument("--precision", default="float32",
+                        help=f"comma-separated weight precisions our systems run in, each a row "
+                        f"({', '.join(PRECISIONS)}; gguf: a .gguf --model's own 4-bit blocks); "
+                        "transformers also runs in bfloat16 when any but float32 is given")
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="comma-separated kv_cache_dtypes our systems run with, each a row "
                         "(auto, fp8, fp8_e5m2, int8, int4): what each costs or saves")
     args = parser.parse_args(argv)
     size = "model" if args.model else "quick" if args.quick else "full"
     only = [s for s in args.systems.split(",") if s]
+    precisions = [p for p in args.precision.split(",") if p]
+    if unknown := set(precisions) - set(PRECISIONS):
+        parser.error(f"unknown precisions {sorted(unknown)}; choose from {PRECISIONS}")
     if unknown := set(only) - set(SYSTEMS):
         parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     began = time.perf_counter()
@@ -330,11 +386,17 @@ def main(argv: list[str] | None = None) -> dict:
         ckpt, work, config = prepare(Path(tmp), size, args.model)
         config["transformers"] = transformers.__version__
         systems = race(ckpt, work, config["batch_size"], config["workload"]["max_model_len"],
-                       only, [d for d in args.kv_cache_dtype.split(",") if d])
+                       only, [d for d in args.kv_cache_dtype.split(",") if d], precisions)
         config["matmul_flops"] = matmul_flops(config["model"]["hidden_size"])
         add_compute_floor(systems, config["model"]["parameters"], config["matmul_flops"])
+        config["stream_bandwidth"] = stream_bandwidth()
+        hf_bytes = {"float32": 4 * config["model"]["parameters"],
+                    "bfloat16": 2 * config["model"]["parameters"]}
+        add_bandwidth_floor(systems, work, config["batch_size"], ckpt, hf_bytes,
+                            config["stream_bandwidth"])
         print_table(systems)
-        print(f"matmul: {config['matmul_flops'] / 1e9:.1f} GFLOP/s float32 on "
+        print(f"matmul: {config['matmul_flops'] / 1e9:.1f} GFLOP/s float32, memory: "
+              f"{config['stream_bandwidth'] / 1e9:.1f} GB/s read, on "
               f"{torch.get_num_threads()} thread(s)")
     results = {"config": config, "systems": systems,
                "run_seconds": time.perf_counter() - began}

@@ -1,7 +1,8 @@
 """What quantizing the weights costs in quality and saves in bytes, per scheme.
 
 For each model and each scheme (the checkpoint's weights in float32 and in bfloat16, int8 per
-output channel, int4 per group of 32 / 64 / 128 inputs where the group divides every layer):
+output channel, int4 per group of 32 / 64 / 128 inputs where the group divides every layer, and
+for a GGUF model its file's own 4-bit blocks, ``gguf``):
 
 - **perplexity** on ``benchmarks/data/held_text.txt``, the held-out text of the KV-quantization
   benchmark (``kv_quant.py``, whose windowed prefill this reuses), every next token scored;
@@ -41,7 +42,8 @@ from pagedllm.reference.model.loader import load_tokenizer
 # (label, dtype, quantization, group size)
 SCHEMES = [("float32", "float32", None, None), ("bfloat16", "bfloat16", None, None),
            ("int8", "bfloat16", "int8", None), ("int4 g32", "bfloat16", "int4", 32),
-           ("int4 g64", "bfloat16", "int4", 64), ("int4 g128", "bfloat16", "int4", 128)]
+           ("int4 g64", "bfloat16", "int4", 64), ("int4 g128", "bfloat16", "int4", 128),
+           ("gguf", "bfloat16", "gguf", None)]
 BASELINE = "bfloat16"  # the unquantized model in a quantized model's dtype
 GOALS = {"int8": 1.0, "int4 g32": 6.0, "int4 g64": 6.0, "int4 g128": 6.0}  # issue 22, %
 
@@ -65,7 +67,7 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
     for label, dtype, scheme, group in SCHEMES:
         try:
             engine = engine_for(model_dir, dtype, scheme, group, window)
-        except ValueError as err:  # a group size that does not divide a layer
+        except ValueError as err:  # a group that does not divide a layer; gguf on a folder
             skipped[label] = str(err)
             continue
         ppl = perplexity(engine, ids, window)

@@ -47,6 +47,23 @@ def test_paged_continuous_produces_every_output_token(race, name):
     assert ours["preemptions_recompute"] == 0  # the KV pool holds a full batch at max length
     assert ours["requests_identical_to_first_system"] == race["config"]["workload"]["requests"]
     assert 0 < ours["compute_floor_share"] < 1
+    assert 0 < ours["bandwidth_floor_share"] < 1 and ours["weight_bytes"] > 0
+
+
+def test_each_precision_is_a_row_and_transformers_runs_bf16_beside_it(tmp_path):
+    """--precision: our optimized tier once per weight precision (a quantized model's greedy
+    tokens may part from float32's: only that every request finished is asserted), and
+    transformers in bf16 as well as float32."""
+    out = throughput_cpu.main(["--quick", "--systems", "optimized,hf_generate",
+                               "--precision", "float32,int8", "--json", str(tmp_path / "p.json")])
+    systems = out["systems"]
+    assert set(systems) == {"optimized", "optimized#int8", "hf_generate", "hf_generate#bfloat16"}
+    total = out["config"]["workload"]["output_tokens"]
+    for res in systems.values():
+        assert res["ok"] and res["output_tokens"] == total, res
+    assert systems["optimized#int8"]["weight_bytes"] < systems["optimized"]["weight_bytes"] / 2
+    assert systems["hf_generate#bfloat16"]["weight_bytes"] * 2 == \
+        systems["hf_generate"]["weight_bytes"]
 
 
 def test_paged_continuous_beats_static_baseline(race):

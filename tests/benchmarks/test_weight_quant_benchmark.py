@@ -21,6 +21,7 @@ def test_every_scheme_is_measured_or_skipped_with_its_reason(report):
     assert sorted([*report["schemes"], *report["skipped"]]) == sorted(labels)
     # The tiny model's down_proj has 704 inputs: groups of 128 cannot cover it, and it says so.
     assert "down_proj (in 704)" in report["skipped"]["int4 g128"]
+    assert "not a .gguf model" in report["skipped"]["gguf"]  # the tiny model is a folder
     base = report["schemes"]["bfloat16"]
     assert base["top1_agreement"] == 1 and base["ppl_change_pct"] == 0
     for row in report["schemes"].values():
