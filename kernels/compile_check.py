@@ -165,7 +165,8 @@ def _gpu_sample(constexprs, options):
 
 
 # What a launcher passes a GPU instead of what it passed the interpreter, by kernel.
-GPU_VIEW = {"_paged_attention_kernel": _gpu_paged_attention, "_sample_kernel": _gpu_sample}
+GPU_VIEW = {"_paged_attention_kernel": _gpu_paged_attention, "_sample_kernel": _gpu_sample,
+            "_quant_linear_kernel": _gpu_paged_attention}  # the same DOT_F32 switch
 
 
 class Recorder:
@@ -434,6 +435,26 @@ def _real_small_op_shapes():
             copy_blocks(*scales, torch.tensor([[0, 2], [1, 3]]))
 
 
+def _quant_linear_shapes(full: bool):
+    """The weight-only products: int8 and int4 in each group size, a decode's few rows and a
+    prefill's many, with and without a bias, in each activation dtype (full) or in bf16 with one
+    launch of each other dtype (ci). The tile sizes do not depend on N and K, so small weights
+    give the launches of real ones."""
+    import torch
+
+    from pagedllm.kernels.quant_linear import quant_linear
+    from pagedllm.reference.ops.weight_quant import quantize_int4, quantize_int8
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        w = (torch.randn(64, 256) * 0.05).to(dtype)
+        schemes = [quantize_int8(w), *(quantize_int4(w, g) for g in (32, 64, 128, 256))]
+        if not full and dtype != torch.bfloat16:
+            schemes = schemes[:2]  # int8 and int4 in one group size
+        for qw in schemes:
+            for rows in (3, 40):
+                quant_linear(torch.randn(rows, 256).to(dtype), qw)
+        quant_linear(torch.randn(3, 256).to(dtype), schemes[0], torch.randn(64).to(dtype))
+
+
 def _real_sampling_shapes():
     import torch
 
@@ -492,6 +513,8 @@ def record_cases(matrix: str = "full") -> list[Case]:
              _direct(lambda: _quantized_attention_shapes(full)), 30.0 if full else 4.0),
         Case("direct: small ops at real widths", None, _direct(_real_small_op_shapes), 2.0),
         Case("direct: sampling at real vocabularies", None, _direct(_real_sampling_shapes), 1.0),
+        Case("direct: weight-only quantized products", None,
+             _direct(lambda: _quant_linear_shapes(full)), 3.0),
     ]
     quantized = ([(kv, family, dtype) for kv, family, _ in QUANTIZED_RUNS for dtype in DTYPES]
                  if full else QUANTIZED_RUNS)
@@ -686,8 +709,8 @@ def _cost(job) -> float:
     products, most of all fp32's (no tensor cores: unrolled FMAs)."""
     launch, _ = job
     c = launch["constexprs"]
-    if "BLOCK_M" not in c:
-        return 1.0
+    if not launch["kernel"].endswith(":_paged_attention_kernel"):
+        return 2.0 if "BLOCK_M" in c else 1.0  # the weight-only products: a small tl.dot
     fp32 = launch["signature"]["q_ptr"] == "*fp32"
     return c["BLOCK_M"] * c["HEAD_PAD"] * c["TILE_N"] * (8 if fp32 else 1)
 

@@ -31,7 +31,7 @@ from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from .attention import PlannedAttention
 from .kv_sizing import profile_num_blocks
 from .layers import merge_projections, transpose_linears
-from .quant_layers import pack_quantized_linears
+from .quant_layers import pack_quantized_linears, triton_quantized_linears
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -60,9 +60,13 @@ class ModelRunner(ReferenceModelRunner):
 
     def __init__(self, model, config):
         model = merge_projections(model)
-        if next(model.parameters()).device.type == "cpu":
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        if on_cpu:
             model = transpose_linears(model)  # BLAS's faster layout for few-row products
+        if on_cpu and not interpreting():
             model = pack_quantized_linears(model, config.dtype)  # torch's weight-only kernels
+        else:  # CUDA, or the kernels under the interpreter
+            model = triton_quantized_linears(model)
         super().__init__(model, config)
         sc = config.scheduler_config
         self.config = config

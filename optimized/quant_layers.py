@@ -18,6 +18,7 @@ order of the additions differs, so outputs agree to float32 rounding before that
 import torch
 from torch import nn
 
+from pagedllm.kernels.quant_linear import quant_linear
 from pagedllm.reference.model.quantization import QuantizedLinear
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -52,6 +53,26 @@ class Int4PackedLinear(nn.Module):
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x, self.packed, self.group_size, self.scale_and_zero)  # [T, out]
         return out if self.bias is None else out + self.bias
+
+
+class TritonQuantizedLinear(QuantizedLinear):
+    """On CUDA (and under the interpreter): the same codes and scales, multiplied by the Triton
+    kernel that dequantizes in registers (``kernels/quant_linear.py``)."""
+
+    def __init__(self, layer: QuantizedLinear):
+        super().__init__(layer.quantized, layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quant_linear(x, self.quantized, self.bias)  # [T, out]
+
+
+def triton_quantized_linears(model: nn.Module) -> nn.Module:
+    """Every QuantizedLinear as the Triton kernel's module."""
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, QuantizedLinear):
+                setattr(parent, name, TritonQuantizedLinear(child))
+    return model
 
 
 def pack_quantized_linears(model: nn.Module, dtype: torch.dtype) -> nn.Module:
