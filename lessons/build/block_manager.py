@@ -11,9 +11,12 @@ The manager does bookkeeping only: it never touches a tensor. Blocks are numbere
 num_blocks - 1; a sequence's block table lists, in order, the blocks that hold its tokens
 0 .. block_size - 1, block_size .. 2 * block_size - 1, and so on. Sequences are named by seq_id.
 
-Errors: a method asked about a sequence that holds no blocks (never allocated, or freed
-already) raises ValueError. A request for more free blocks than there are raises
-RuntimeError and changes nothing.
+Errors (a refused call changes nothing):
+- RuntimeError: allocate or append_slot needs more blocks than are free now. That includes an
+  allocation larger than the whole pool: unlike pagedllm's manager (lesson 3, ValueError),
+  this one leaves that check to the engine, whose add_request refuses such a request.
+- ValueError: a method asked about a sequence that holds no blocks (never allocated, or freed
+  already), or allocate or fork given a new seq_id that already holds blocks.
 """
 
 
@@ -42,7 +45,8 @@ class BlockManager:
                  token_ids: list[int] | None = None) -> list[int]:
         """Blocks for a new sequence's first num_tokens tokens (its prompt, or on a recompute
         its prompt and outputs); returns its block table. ValueError if seq_id already holds
-        blocks; RuntimeError, changing nothing, if the free blocks are too few.
+        blocks; RuntimeError, changing nothing, if the free blocks are too few, even when
+        num_tokens needs more blocks than the whole pool has.
 
         Milestone 4, with a prefix cache and token_ids (the sequence's tokens): the longest
         run of full blocks the cache holds for these tokens is reused, not recomputed; a

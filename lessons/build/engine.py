@@ -14,7 +14,10 @@ yours or on the solutions'. The model is pagedllm's reference model; its forward
 where attn is the attention context pagedllm.reference.model.PagedAttention(metadata,
 k_caches, v_caches, backend): each layer stores its K/V and attends through the backend's
 store_kv and paged_attention, which __init__ below made yours (milestone 1). metadata is a
-pagedllm.reference.model.AttentionMetadata (reference/model/attention.py).
+pagedllm.reference.model.AttentionMetadata (reference/model/attention.py) of six tensors:
+slot_mapping, block_tables, seq_lens and query_start_loc on the model's device, and
+seq_lens_cpu and query_start_loc_cpu, the same values as seq_lens and query_start_loc as
+CPU tensors.
 """
 
 import itertools

@@ -15,9 +15,10 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     """One token id per row: [S] int64 from logits [S, vocab].
 
     Row s is greedy when temperature[s] < GREEDY_BELOW: the most likely token, the lowest id
-    among equals. Otherwise it is drawn, with the random numbers of generator only, from the
-    softmax of logits / temperature over the top_k[s] most likely tokens (a token tied with
-    the k-th most likely one is kept too); top_k[s] <= 0, or >= vocab, keeps every token.
-    A token whose logit is -inf is never chosen. The logits passed in are not modified.
+    among equals (torch.argmax returns the first of several maxima). Otherwise it is drawn,
+    with the random numbers of generator only, from the softmax of logits / temperature over
+    the top_k[s] most likely tokens (a token tied with the k-th most likely one is kept too);
+    top_k[s] <= 0, or >= vocab, keeps every token. A token whose logit is -inf is never
+    chosen. The logits passed in are not modified.
     """
     raise NotImplementedError("milestone 6: write sample")

@@ -17,7 +17,12 @@ prefill or swapping):
   first waiting one cannot be admitted, nobody behind it is.
 - Budgets per step: at most max_num_seqs sequences running, at most max_num_batched_tokens
   tokens computed (a decode costs 1, a prefill every token it computes; a prefill is never
-  split), and the blocks the block manager has.
+  split), and the blocks the block manager has. The cached count is known only after
+  allocate, so a waiting sequence is admitted only if its whole length, len(seq), fits in
+  what the step's budget has left; the step then counts the tokens it computes.
+- A decode step decodes the running sequences in arrival order while the token budget
+  lasts; those left over when it is spent skip the step, keeping their blocks (no
+  preemption).
 - A sequence admitted gets blocks for all its tokens, and its num_computed_tokens becomes
   what the block manager reports as cached (prefix caching, milestone 4; 0 before): the
   prefill computes the rest.
