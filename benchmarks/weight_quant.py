@@ -50,7 +50,7 @@ GOALS = {"int8": 1.0, "int4 g32": 6.0, "int4 g64": 6.0, "int4 g128": 6.0}  # iss
 
 def engine_for(model_dir: Path, dtype: str, quantization, group_size, window: int):
     args = EngineArgs(model_dir, dtype=dtype, quantization=quantization,
-                      quantization_group_size=group_size or 64,
+                      quantization_group_size=group_size or 32,
                       num_gpu_blocks=-(-window // 16) + 1,
                       max_model_len=min(window, load_config(model_dir).max_position_embeddings))
     return LLMEngine.from_engine_args(args)

@@ -29,8 +29,9 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         "gguf "
                         "(a .gguf model's own Q4_0/Q4_1 blocks, not expanded); with --dtype "
                         "auto the model then runs in bfloat16")
-    parser.add_argument("--quantization-group-size", type=int, default=64,
-                        help="int4: inputs per group, 32, 64, 128 or 256 (default 64)")
+    parser.add_argument("--quantization-group-size", type=int, default=32,
+                        help="int4: inputs per group, 32, 64, 128 or 256 (default 32, the "
+                        "blocks of llama.cpp's Q4 formats)")
     parser.add_argument("--quantization-skip", nargs="+", default=[], metavar="LAYER",
                         help="linear layers to leave unquantized, e.g. lm_head")
 

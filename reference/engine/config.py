@@ -71,7 +71,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"  # "fp8" (= "fp8_e4m3"), "fp8_e5m2", "int8", "int4"
     calculate_kv_scales: bool = False  # fp8: per-tensor scales from the first batch, not 1.0
     quantization: str | None = None  # weights: "int8" (per output channel), "int4" (per group)
-    quantization_group_size: int = 64  # int4: inputs per group (32, 64, 128 or 256)
+    quantization_group_size: int = 32  # int4: inputs per group (32, 64, 128 or 256)
     quantization_skip: tuple[str, ...] = ()  # linear layers left unquantized, e.g. ("lm_head",)
 # --8<-- [end:engine_args]
 
@@ -102,7 +102,7 @@ class EngineConfig:
     kv_cache_dtype: str  # the canonical name (ops/kv_quant.py): auto, fp8_e4m3, fp8_e5m2, ...
     calculate_kv_scales: bool
     quantization: str | None = None
-    quantization_group_size: int = 64
+    quantization_group_size: int = 32
     quantization_skip: tuple[str, ...] = ()
 
     # The scheduler's budgets, read where the engine's config is read (engine.config.X).

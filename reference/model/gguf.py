@@ -154,17 +154,19 @@ def is_converted_from(folder: Path, gguf_file: Path) -> bool:
 
 # -- serving the file's own 4-bit blocks (quantization="gguf") ------------------------------
 # --8<-- [start:gguf_blocks]
-def q4_blocks_to_int4(raw: torch.Tensor, kind: str, dtype: torch.dtype) -> QuantizedWeight:
-    """A Q4_0 / Q4_1 tensor's rows of blocks -> the int4 layout of ``ops/weight_quant.py``
-    (groups of 32), without going through float weights.
+def q4_blocks_to_int4(raw: torch.Tensor, kind: str,
+                      dtype: torch.dtype) -> QuantizedWeight:
+    """A Q4_0 / Q4_1 tensor's rows of blocks -> the int4 layout of
+    ``ops/weight_quant.py`` (groups of 32), without going through float weights.
 
-    raw: uint8 [out, in / 32 * block bytes]. A block is 32 weights of one row: an fp16 scale d
-    (Q4_1: and an fp16 minimum m), then 16 bytes whose low nibbles are weights 0-15 and high
-    nibbles weights 16-31. Q4_0 means (q - 8) d, Q4_1 means q d + m; ours is (q - 8) s + z, so
-    s = d, and z = 0 (Q4_0) or m + 8 d (Q4_1), rounded to the model's dtype.
+    raw: uint8 [out, in / 32 * block bytes]. A block is 32 weights of one row: an
+    fp16 scale d (Q4_1: and an fp16 minimum m), then 16 bytes whose low nibbles are
+    weights 0-15 and high nibbles weights 16-31. Q4_0 means (q - 8) d, Q4_1 means
+    q d + m; ours is (q - 8) s + z, so s = d, and z = 0 (Q4_0) or m + 8 d (Q4_1),
+    rounded to the model's dtype.
     """
     out = raw.shape[0]
-    head = 2 if kind == "Q4_0" else 4  # bytes of d (and m) in front of the 16 code bytes
+    head = 2 if kind == "Q4_0" else 4  # bytes of d (and m) before the 16 code bytes
     blocks = raw.view(out, -1, head + 16)  # [out, G, bytes]
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # [out, G]
     if kind == "Q4_0":
@@ -173,17 +175,19 @@ def q4_blocks_to_int4(raw: torch.Tensor, kind: str, dtype: torch.dtype) -> Quant
         m = blocks[..., 2:4].contiguous().view(torch.float16).float()[..., 0]
         zero = m + 8 * d
     qs = blocks[..., head:]  # [out, G, 16]
-    codes = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(out, -1)  # [out, in]: GGUF order
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # [out, in / 2]: ours (even input low)
+    # [out, in] in the file's order, then packed as ours (the even input low)
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(out, -1)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # [out, in / 2]
     inp = codes.shape[1]
     return QuantizedWeight("int4", packed, d.to(dtype), zero.to(dtype), (out, inp), 32)
 
 
 def unpermute_rows(rows: int, n_head: int) -> torch.Tensor:
-    """The row order that undoes llama.cpp's reordering of q/k rows (its converter permutes
-    each head's rows for its rotary layout): hf_weight = gguf_weight[order]."""
-    p = torch.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)
-    return torch.argsort(p)  # gguf row i holds hf row p[i]
+    """The row order that undoes llama.cpp's reordering of q/k rows (its converter
+    permutes each head's rows for its rotary layout): hf = gguf[order]."""
+    p = torch.arange(rows).reshape(n_head, 2, rows // n_head // 2)
+    p = p.swapaxes(1, 2).reshape(-1)  # gguf row i holds hf row p[i]
+    return torch.argsort(p)
 # --8<-- [end:gguf_blocks]
 
 

@@ -5,7 +5,7 @@ Every ``nn.Linear`` becomes a ``QuantizedLinear`` holding its codes and scales
 (``ops/weight_quant.py``) instead of the float weight: the float copy is dropped, so the weight
 bytes shrink by the scheme's ratio. Embeddings and norms stay in the model's dtype. A layer
 named in ``skip`` (its name or the last part of it, e.g. ``lm_head``) keeps its float weight.
-A tied LM head is quantized as its own copy: the input embedding keeps the float table.
+A tied LM head stays the embedding's float table (quantizing it would make a second copy).
 """
 
 from pathlib import Path
@@ -22,6 +22,10 @@ from ..ops.weight_quant import (
     quantized_linear,
 )
 from .gguf import gguf_quantized_weights
+
+# Where each architecture keeps its input embedding (a tied LM head shares its table).
+EMBEDDINGS = {"LlamaForCausalLM": "model.embed_tokens",
+              "OPTForCausalLM": "model.decoder.embed_tokens"}
 
 
 class QuantizedLinear(nn.Module):
@@ -56,23 +60,28 @@ def check_quantization(scheme, group_size) -> None:
                          f"got {group_size!r}")
 
 
-def quantize_model(model: nn.Module, scheme: str, group_size: int = 64,
+def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
                    skip: tuple[str, ...] = (), gguf_file: Path | None = None) -> nn.Module:
     """Replace the model's linear layers by quantized ones, in place. Every layer is checked
     before any is replaced: a group size that does not divide one layer's input size names that
     layer, and the model is left as it was. "gguf" takes the layers the file stores in 4-bit
     blocks from the file itself; the others keep their (dequantized) float weights, and
-    ``float_linears`` names them."""
+    ``float_linears`` names them. A tied LM head is left as it is: it is the embedding's
+    table, which stays float, and a quantized copy would add its bytes and its error."""
+    # --8<-- [start:select_layers]
     check_quantization(scheme, group_size)
+    embedding = model.get_submodule(EMBEDDINGS[type(model).__name__]).weight
     names = {name: module for name, module in model.named_modules()
              if isinstance(module, nn.Linear)
-             and not (name in skip or name.rsplit(".", 1)[-1] in skip)}
+             and not (name in skip or name.rsplit(".", 1)[-1] in skip)
+             and module.weight.data_ptr() != embedding.data_ptr()}  # not a tied head
     if scheme == "gguf":
         dtype = next(model.parameters()).dtype
         found, _ = gguf_quantized_weights(gguf_file, model.config, list(names), dtype)
         for name, qw in found.items():
             _replace(model, name, QuantizedLinear(qw, names[name].bias))
         return model
+    # --8<-- [end:select_layers]
     if scheme == "int4":
         bad = [f"{name} (in {m.in_features})" for name, m in names.items()
                if m.in_features % group_size]
@@ -80,11 +89,13 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 64,
             raise ValueError(f"quantization_group_size {group_size} does not divide the input "
                              f"size of {', '.join(bad[:4])}; choose a group size that divides "
                              f"it, or leave the layer out with quantization_skip")
+    # --8<-- [start:replace_layers]
     for name, linear in names.items():
         q = quantize_int8(linear.weight) if scheme == "int8" else \
             quantize_int4(linear.weight, group_size)
         _replace(model, name, QuantizedLinear(q, linear.bias))
     return model
+    # --8<-- [end:replace_layers]
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -53,36 +53,40 @@ class QuantizedWeight:
 def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
     """W [out, in] -> int8 rows with one symmetric scale per output channel."""
     w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # [out]; an all-zero row stays 0
-    scales = scales.to(weight.dtype).float()  # the stored scale is the one codes are made for
+    # [out]; the clamp keeps an all-zero row at 0 instead of 0 / 0
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    scales = scales.to(weight.dtype).float()  # codes are made for the stored scale
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
     return QuantizedWeight("int8", q, scales.to(weight.dtype), None, tuple(w.shape))
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
-    """W [out, in] -> 4-bit codes in groups of group_size inputs, each group with its own scale
-    and zero point spanning the group's [min, max]."""
+    """W [out, in] -> 4-bit codes in groups of group_size inputs, each group with
+    its own scale and zero point spanning the group's [min, max]."""
     out, inp = weight.shape
     if inp % group_size:
-        raise ValueError(f"int4 groups of {group_size} do not divide an input size of {inp}")
-    w = weight.detach().float().view(out, inp // group_size, group_size)  # [out, G, group]
+        raise ValueError(f"int4 groups of {group_size} do not divide an input size "
+                         f"of {inp}")
+    w = weight.detach().float().view(out, inp // group_size, group_size)  # [out, G, g]
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)  # [out, G]
     scales = ((hi - lo) / 15).clamp(min=1e-12).to(weight.dtype).float()  # [out, G]
-    zeros = (lo + 8 * scales).to(weight.dtype).float()  # [out, G]: what code 8 stands for
-    q = torch.round((w - zeros[..., None]) / scales[..., None]) + 8  # [out, G, group]
+    zeros = (lo + 8 * scales).to(weight.dtype).float()  # what code 8 stands for
+    q = torch.round((w - zeros[..., None]) / scales[..., None]) + 8  # [out, G, g]
     q = q.clamp(0, 15).to(torch.uint8).view(out, inp)  # [out, in], codes 0..15
-    packed = q[:, 0::2] | (q[:, 1::2] << 4)  # [out, in / 2]: even input low, odd input high
-    return QuantizedWeight("int4", packed, scales.to(weight.dtype), zeros.to(weight.dtype),
-                           (out, inp), group_size)
+    # [out, in / 2]: the even input in the low nibble, the odd one in the high
+    packed = q[:, 0::2] | (q[:, 1::2] << 4)
+    return QuantizedWeight("int4", packed, scales.to(weight.dtype),
+                           zeros.to(weight.dtype), (out, inp), group_size)
 
 
 def dequantize_weight(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
-    """The [out, in] weight the codes stand for, computed in float32, returned in dtype."""
+    """The [out, in] weight the codes stand for, computed in float32, in dtype."""
     if qw.scheme == "int8":
         return (qw.qweight.float() * qw.scales.float()[:, None]).to(dtype)
     out, inp = qw.shape
-    q = torch.stack([qw.qweight & 0xF, qw.qweight >> 4], dim=-1).view(out, inp)  # [out, in]
-    q = q.float().view(out, inp // qw.group_size, qw.group_size)  # [out, G, group]
+    nibbles = [qw.qweight & 0xF, qw.qweight >> 4]
+    q = torch.stack(nibbles, dim=-1).view(out, inp)  # [out, in]
+    q = q.float().view(out, inp // qw.group_size, qw.group_size)  # [out, G, g]
     w = (q - 8) * qw.scales.float()[..., None] + qw.zeros.float()[..., None]
     return w.view(out, inp).to(dtype)
 # --8<-- [end:quantize_weight]
