@@ -128,12 +128,15 @@ def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
            v_cache: torch.Tensor, scale: float, kv_cache_dtype: str = "auto",
            k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """q [T, heads, head_dim] -> [T, heads, head_dim], one padded batch at a time. A quantized
-    cache is dequantized as its blocks are gathered (only the blocks a batch reads)."""
+    """q [T, heads, head_dim] -> [T, heads, head_dim], one padded batch at a time.
+
+    A quantized cache is dequantized as its blocks are gathered (only the blocks a batch
+    reads)."""
     out = q.new_zeros(q.shape)  # rows past the plan's last sequence stay 0
     quant = (kv_cache_dtype, k_scale, v_scale)
     for batch in plan.batches:
-        result = _attend_batch(batch, q, k_cache, v_cache, scale, *quant)  # [P, Q, heads, hd]
+        # [P, Q, heads, hd]
+        result = _attend_batch(batch, q, k_cache, v_cache, scale, *quant)
         if batch.real is None:
             out.index_copy_(0, batch.rows.reshape(-1), result.flatten(0, 1))
         else:
@@ -141,42 +144,47 @@ def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
     return out
 
 
-def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale, kv_cache_dtype, k_scale,
-                  v_scale) -> torch.Tensor:
+def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale, kv_cache_dtype,
+                  k_scale, v_scale) -> torch.Tensor:
     P, head_dim = batch.rows.shape[0], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     L = batch.blocks.numel() // P * block_size
     per_row = kv_cache_format(kv_cache_dtype).scales == "per_token_head"
 
     def gather(cache, scales):  # [P, kv_heads, L, head_dim]
-        rows = cache.index_select(0, batch.blocks).view(P * L, num_kv_heads, cache.shape[-1])
+        rows = cache.index_select(0, batch.blocks).view(
+            P * L, num_kv_heads, cache.shape[-1])
         if per_row:  # the gathered slots' own scales: [P * L, kv_heads(, 2)]
             scales = scales.index_select(0, batch.blocks).view(P * L, *scales.shape[2:])
-        rows = dequantize_kv(rows, scales, kv_cache_dtype, q.dtype)  # [P * L, kvh, head_dim]
-        # Positions past a sequence's length hold whatever was there, even NaN. Masking adds
-        # -inf to a score, and NaN + -inf is NaN; a NaN value times its zero probability is
-        # NaN too: the unfilled positions are zeroed in the gathered copy.
+        # [P * L, kvh, head_dim]
+        rows = dequantize_kv(rows, scales, kv_cache_dtype, q.dtype)
+        # Positions past a sequence's length hold whatever was there, even NaN. Masking
+        # adds -inf to a score, and NaN + -inf is NaN; a NaN value times its zero
+        # probability is NaN too: the unfilled positions are zeroed in the gathered
+        # copy.
         rows.index_fill_(0, batch.unfilled, 0.0)
         return rows.view(P, L, num_kv_heads, head_dim).transpose(1, 2)
 
     keys, values = gather(k_cache, k_scale), gather(v_cache, v_scale)
     queries = q[batch.rows].transpose(1, 2)  # [P, heads, Q, head_dim]
-    # One fused op for scores, mask, softmax and the weighted sum (torch's CPU flash kernel,
-    # float32 softmax); query head h reads K/V head h // group (enable_gqa), as in the
-    # reference. A padding row repeats a real one, so no row is masked out entirely.
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.visible,
-                                         scale=scale, enable_gqa=True)  # [P, heads, Q, hd]
+    # One fused op for scores, mask, softmax and the weighted sum (torch's CPU flash
+    # kernel, float32 softmax); query head h reads K/V head h // group (enable_gqa), as
+    # in the reference. A padding row repeats a real one, so no row is masked out
+    # entirely.
+    out = F.scaled_dot_product_attention(  # [P, heads, Q, hd]
+        queries, keys, values, attn_mask=batch.visible, scale=scale, enable_gqa=True)
     return out.transpose(1, 2)  # [P, Q, heads, hd]
 # --8<-- [end:attend]
 
 
 # --8<-- [start:planned_context]
 class PlannedAttention(PagedAttention):
-    """The runner's CPU attention context, built once per step from the step's metadata:
-    it plans the step's padded batches (one plan per sliding window: a model may mix windowed
-    and full layers) the first time a layer asks, and every later layer reuses the plan.
-    Its K/V writes (and int4's rotation) are PagedAttention's; it reads by ``attend`` on the
-    plan."""
+    """The runner's CPU attention context, built once per step from the step's metadata.
+
+    It plans the step's padded batches (one plan per sliding window: a model may mix
+    windowed and full layers) the first time a layer asks, and every later layer reuses
+    the plan. Its K/V writes (and int4's rotation) are PagedAttention's; it reads by
+    ``attend`` on the plan."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -187,8 +195,8 @@ class PlannedAttention(PagedAttention):
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
         if sliding_window not in self.plans:
             self.plans[sliding_window] = plan_attention(
-                md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu, k_cache.shape[1],
-                sliding_window)
+                md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu,
+                k_cache.shape[1], sliding_window)
         return attend(self.plans[sliding_window], q, k_cache, v_cache, scale,
                       *self.quant.args(layer))
 # --8<-- [end:planned_context]
