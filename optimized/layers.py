@@ -16,7 +16,7 @@ from torch import nn
 
 from pagedllm.reference.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from pagedllm.reference.model.opt import OPTAttention, OPTForCausalLM
-from pagedllm.reference.model.quantization import QuantizedLinear
+from pagedllm.reference.model.quantization import QuantizedLinear, decoder_stack
 from pagedllm.reference.ops.weight_quant import QuantizedWeight
 
 
@@ -161,7 +161,7 @@ def transpose_linears(model: nn.Module) -> nn.Module:
 
     A tied LM head shares its transposed table with the input embedding, as before the
     swap."""
-    stack = model.model.decoder if isinstance(model, OPTForCausalLM) else model.model
+    stack = decoder_stack(model)
     head = model.lm_head  # tied: one storage for both (the loader's assign=True)
     tied = isinstance(head, nn.Linear) and \
         head.weight.data_ptr() == stack.embed_tokens.weight.data_ptr()

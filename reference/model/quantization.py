@@ -22,10 +22,13 @@ from ..ops.weight_quant import (
     quantized_linear,
 )
 from .gguf import gguf_quantized_weights
+from .opt import OPTForCausalLM
 
-# Where each architecture keeps its input embedding (a tied LM head shares its table).
-EMBEDDINGS = {"LlamaForCausalLM": "model.embed_tokens",
-              "OPTForCausalLM": "model.decoder.embed_tokens"}
+
+def decoder_stack(model: nn.Module) -> nn.Module:
+    """The module holding the input embedding (``embed_tokens``), whose table a tied LM head
+    shares: ``model.model`` for the Llama family, ``model.model.decoder`` for OPT."""
+    return model.model.decoder if isinstance(model, OPTForCausalLM) else model.model
 
 
 class QuantizedLinear(nn.Module):
@@ -70,7 +73,7 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
     table, which stays float, and a quantized copy would add its bytes and its error."""
     # --8<-- [start:select_layers]
     check_quantization(scheme, group_size)
-    embedding = model.get_submodule(EMBEDDINGS[type(model).__name__]).weight
+    embedding = decoder_stack(model).embed_tokens.weight
     names = {name: module for name, module in model.named_modules()
              if isinstance(module, nn.Linear)
              and not (name in skip or name.rsplit(".", 1)[-1] in skip)
