@@ -81,6 +81,7 @@ PRESETS = {  # name: (layers, kv_heads, head_dim, max_len)
     "llama-3-8b": (32, 8, 128, 8192),
     "llama-3.1-8b": (32, 8, 128, 131072),
     "llama-3-70b": (80, 8, 128, 8192),
+    "llama-3.1-405b": (126, 8, 128, 131072),  # seed 003's 400B-class model
     "mistral-7b": (32, 8, 128, 32768),
     "qwen2.5-0.5b": (24, 2, 64, 32768),
     "qwen2.5-7b": (28, 4, 128, 32768),
@@ -245,16 +246,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     plan_args.add_argument("--block-size", type=int, default=16, help="paged block size (tokens)")
     plan_args.add_argument("--users", type=int, default=None,
                            help="concurrent users: how much context can each have?")
+    gpu = p.add_argument_group("weights and KV per GPU (reference/deployment.py; needs "
+                               "--gpu-memory-gib)")
+    gpu.add_argument("--gpu-memory-gib", type=float, default=None,
+                     help="memory of each GPU, in GiB (e.g. 80 for an A100-80GB)")
+    gpu.add_argument("--tensor-parallel-size", type=int, default=1,
+                     help="GPUs the model is split across (default 1)")
+    gpu.add_argument("--quantization", default=None, choices=["fp8", "int8", "int4"],
+                     help="weight scheme (default: weights in --dtype)")
+    gpu.add_argument("--quantization-group-size", type=int, default=32,
+                     help="int4 group size (default 32)")
+    gpu.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                     help="fraction of each GPU the engine may use (vLLM's default 0.9)")
 
 
 def run(args: argparse.Namespace) -> int:
     planning = getattr(args, "memory_gib", None)
+    gpu_memory = getattr(args, "gpu_memory_gib", None)
     if planning is None and any(getattr(args, name, None) is not None
-                                for name in ("context", "mean_tokens", "users")):
-        raise ValueError("--context, --mean-tokens and --users plan capacity: give the KV "
-                         "budget with --memory-gib too")
+                                for name in ("mean_tokens", "users")):
+        raise ValueError("--mean-tokens and --users plan capacity: give the KV budget with "
+                         "--memory-gib too")
+    if planning is None and gpu_memory is None and getattr(args, "context", None) is not None:
+        raise ValueError("--context plans capacity: give the KV budget with --memory-gib or "
+                         "each GPU's memory with --gpu-memory-gib too")
     if planning is not None:
         _check_memory_gib("--memory-gib", planning)
+    if gpu_memory is None and (getattr(args, "quantization", None) is not None
+                               or getattr(args, "tensor_parallel_size", 1) != 1):
+        raise ValueError("--quantization and --tensor-parallel-size plan weights per GPU: give "
+                         "each GPU's memory with --gpu-memory-gib too")
     if args.tokens is not None and args.tokens < 1:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}; leave it out to price "
                          "the model's maximum length")
@@ -264,6 +285,13 @@ def run(args: argparse.Namespace) -> int:
         if planning is not None:  # computed before printing: bad input prints nothing
             text += "\n" + plan(s, planning, args.context, args.mean_tokens, args.block_size,
                                 args.users)
+        if gpu_memory is not None:
+            from .deployment import deployment, describe_deployment  # it builds on KVSize
+
+            d = deployment(s, gpu_memory, args.tensor_parallel_size, args.quantization,
+                           args.quantization_group_size, args.gpu_memory_utilization)
+            context = s.max_len if args.context is None else args.context
+            text += "\n" + describe_deployment(d, context)
         print(text)
     return 0
 
