@@ -14,7 +14,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-LESSONS = sorted((ROOT / "lessons").glob("*.md"))
+# The English pages: a Korean twin (NAME.ko.md) has the same code, checked by
+# test_translations.py, so running its examples again would test nothing new.
+LESSONS = sorted(p for p in (ROOT / "lessons").glob("*.md") if not p.name.endswith(".ko.md"))
 PROMPT = re.compile(r"^\s*>>>", re.MULTILINE)
 FENCE = re.compile(r"^[ \t]*(```|~~~).*$", re.MULTILINE)
 WITH_SESSIONS = [path for path in LESSONS if PROMPT.search(path.read_text())]

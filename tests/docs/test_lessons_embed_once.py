@@ -11,7 +11,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LESSONS = sorted((ROOT / "lessons").glob("*.md"))
+# The English pages: a Korean twin (NAME.ko.md) shows the same snippets, which
+# test_translations.py checks.
+LESSONS = sorted(p for p in (ROOT / "lessons").glob("*.md") if not p.name.endswith(".ko.md"))
 INCLUDE = re.compile(r'^[ \t]*--8<--[ \t]+"([^"]+)"[ \t]*$', re.MULTILINE)
 
 

@@ -235,3 +235,52 @@ def test_every_page_offline(site, server, browser):
     assert not problems, "\n".join(problems)
     # The checks saw something: the lessons have formulas, diagrams and figures.
     assert all(totals.values()), f"nothing of some kind was checked: {totals}"
+
+
+def _search(browser, url: str, query: str) -> list[str]:
+    """The result links material's search shows for `query` typed on the page at url."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(url)
+    browser.execute_script("document.querySelector('label.md-search__icon, "
+                           "label[for=__search]').click()")
+    box = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    box.send_keys(query)
+    WebDriverWait(browser, 20).until(lambda b: b.find_elements(
+        By.CSS_SELECTOR, ".md-search-result__item a, .md-search-result__meta"))
+    WebDriverWait(browser, 20).until(lambda b: b.find_elements(
+        By.CSS_SELECTOR, ".md-search-result__item a") or "No matching" in b.find_element(
+        By.CSS_SELECTOR, ".md-search-result__meta").text)
+    return [a.get_attribute("href") for a in
+            browser.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
+
+
+@pytest.mark.parametrize("edition, query, expect", [
+    ("", "preemption", ""),
+    # lunr.ko trims and drops stop words but keeps a particle on its word (블록을); the
+    # search matches a query term as a prefix, so 블록 finds 블록을, and 스케줄 finds
+    # 스케줄러 and 스케줄링, which never occur bare.
+    ("ko/", "블록", "ko/"),
+    ("ko/", "스케줄", "ko/"),
+])
+def test_search_finds_pages_in_each_edition(server, browser, edition, query, expect):
+    links = _search(browser, f"{server}/{edition}", query)
+    ours = [u for u in links if u.startswith(f"{server}/{expect}")]
+    assert ours, f"searching {query!r} on /{edition} found no page of that edition: {links}"
+    if edition == "ko/":
+        # The Korean edition's results are Korean pages.
+        assert all(u.startswith(f"{server}/ko/") for u in links[:5]), links[:5]
+
+
+def test_language_switch_leads_to_the_twin(server, browser):
+    from selenium.webdriver.common.by import By
+
+    for here, there, lang in (("ko/03-paging/", "03-paging/", "en"),
+                              ("03-paging/", "ko/03-paging/", "ko")):
+        browser.get(f"{server}/{here}")
+        assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") != lang
+        link = browser.find_element(By.CSS_SELECTOR, f"a.md-select__link[hreflang={lang}]")
+        browser.get(link.get_attribute("href"))
+        assert browser.current_url == f"{server}/{there}", browser.current_url
+        assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == lang
