@@ -17,6 +17,27 @@ Errors (a refused call changes nothing):
   this one leaves that check to the engine, whose add_request refuses such a request.
 - ValueError: a method asked about a sequence that holds no blocks (never allocated, or freed
   already), or allocate or fork given a new seq_id that already holds blocks.
+
+한국어:
+엔진 직접 만들기 트랙의 마일스톤 2와 4: 블록 관리자(lessons/build/02-block-manager.md).
+
+마일스톤 2: 아래의 모든 메서드를 prefix_cache=None인 경우로 작성하세요.
+마일스톤 4(prefix_cache.py를 작성한 뒤): 프리픽스 캐시가 주어지면 allocate, can_allocate,
+num_cached_tokens, mark_computed가 그것을 쓰게 하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/build/test_build_block_manager.py
+    pytest lessons/build/test_build_prefix_cache.py      # 마일스톤 4
+
+관리자는 장부 관리만 합니다: 텐서는 절대 건드리지 않습니다. 블록 번호는 0 .. num_blocks - 1이고,
+시퀀스의 블록 테이블은 그 시퀀스의 토큰 0 .. block_size - 1, block_size .. 2 * block_size - 1,
+그다음 토큰들을 담은 블록을 순서대로 나열합니다. 시퀀스는 seq_id로 구별합니다.
+
+오류(거부된 호출은 아무것도 바꾸지 않습니다):
+- RuntimeError: allocate나 append_slot에 지금 비어 있는 것보다 많은 블록이 필요할 때. 풀 전체보다
+  큰 할당도 여기에 들어갑니다: pagedllm의 관리자(3강, ValueError)와 달리, 이 관리자는 그 확인을
+  엔진에 맡기고, 엔진의 add_request가 그런 요청을 거부합니다.
+- ValueError: 블록을 하나도 가지지 않은 시퀀스(할당된 적이 없거나 이미 해제된 시퀀스)에 대해
+  메서드가 물었을 때, 또는 allocate나 fork에 이미 블록을 가진 새 seq_id가 주어졌을 때.
 """
 
 

@@ -65,7 +65,7 @@ def pytest_pyfunc_call(pyfuncitem):
         if params.get("side") == "yours":
             piece = pyfuncitem.module.PIECE
             where = build_track.piece_path(piece, "yours").relative_to(HERE.parent.parent)
-            pytest.skip(f"{NOT_WRITTEN} ({where}): {err}")
+            pytest.skip(f"{NOT_WRITTEN} ({where}): {err} / 아직 작성하지 않음 ({where})")
         raise
 
 

@@ -18,6 +18,28 @@ pagedllm.reference.model.AttentionMetadata (reference/model/attention.py) of six
 slot_mapping, block_tables, seq_lens and query_start_loc on the model's device, and
 seq_lens_cpu and query_start_loc_cpu, the same values as seq_lens and query_start_loc as
 CPU tensors.
+
+한국어:
+엔진 직접 만들기 트랙의 마일스톤 7: 엔진(lessons/build/07-engine.md).
+
+MiniEngine.step을 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/build/test_build_engine.py
+
+엔진은 build_types.Parts로 만들어집니다: 앞선 모든 조각의 구현이 하나씩 들어 있으며, 여러분이
+작성한 조각은 여러분의 것입니다(build_track.compose). 조각들은 import하지 말고 self.parts,
+self.block_manager, self.scheduler를 통해 쓰세요: 그래야 같은 엔진이 여러분의 조각으로도, 해답의
+조각으로도 돌아갑니다. 모델은 pagedllm의 레퍼런스 모델이며, 그 forward는 다음과 같습니다.
+
+    model(input_ids [T], positions [T], attn, logits_indices=[S]) -> logits [S, vocab]
+
+여기서 attn은 어텐션 컨텍스트 pagedllm.reference.model.PagedAttention(metadata, k_caches,
+v_caches, backend)입니다: 각 레이어는 백엔드의 store_kv와 paged_attention을 거쳐 자기 K/V를
+저장하고 어텐션하며, 아래의 __init__이 이 둘을 여러분의 것으로 만들어 두었습니다(마일스톤 1).
+metadata는 pagedllm.reference.model.AttentionMetadata (reference/model/attention.py)이며 텐서 여섯
+개로 되어 있습니다: 모델의 디바이스에 있는 slot_mapping, block_tables, seq_lens, query_start_loc,
+그리고 seq_lens, query_start_loc과 같은 값을 CPU 텐서로 가진 seq_lens_cpu,
+query_start_loc_cpu입니다.
 """
 
 import itertools

@@ -9,6 +9,19 @@ head_dim]. A slot is one token's row in the flat view [num_blocks * block_size, 
 head_dim]: slot = block * block_size + offset. Your engine's model layers call store_kv and
 paged_attention through the attention context (pagedllm.reference.model.PagedAttention), with
 exactly these arguments.
+
+한국어:
+엔진 직접 만들기 트랙의 마일스톤 1: 페이지 단위 KV 풀(lessons/build/01-kv-cache.md).
+
+아래 네 함수를 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/build/test_build_kv_cache.py
+
+풀은 레이어마다 K 텐서 하나와 V 텐서 하나이며, 각각 [num_blocks, block_size, kv_heads,
+head_dim]입니다. 슬롯은 평평한 뷰 [num_blocks * block_size, kv_heads, head_dim]에서 토큰 하나의
+행입니다: slot = block * block_size + offset. 여러분 엔진의 모델 레이어는 어텐션
+컨텍스트(pagedllm.reference.model.PagedAttention)를 거쳐 바로 이 인자들로 store_kv와
+paged_attention을 호출합니다.
 """
 
 import torch

@@ -3,6 +3,13 @@
 Write sample. Check your work with
 
     pytest lessons/build/test_build_sampler.py
+
+한국어:
+엔진 직접 만들기 트랙의 마일스톤 6: 샘플러(lessons/build/06-sampler.md).
+
+sample을 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/build/test_build_sampler.py
 """
 
 import torch

@@ -7,6 +7,17 @@ Write build_step_inputs. Check your work with
 One forward computes every scheduled token of every scheduled sequence, laid end to end in
 the order of out.scheduled. This turns the scheduler's decision and the block manager's block
 tables into the flat tensors the model and the attention read (build_types.StepInputs).
+
+한국어:
+엔진 직접 만들기 트랙의 마일스톤 5: 스텝의 입력(lessons/build/05-step-inputs.md).
+
+build_step_inputs를 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/build/test_build_step_inputs.py
+
+포워드 한 번은 스케줄된 모든 시퀀스의 스케줄된 모든 토큰을 out.scheduled의 순서대로 이어 붙여
+계산합니다. 이 함수는 스케줄러의 결정과 블록 관리자의 블록 테이블을, 모델과 어텐션이 읽는 평평한
+텐서들(build_types.StepInputs)로 바꿉니다.
 """
 
 import torch  # noqa: F401 - the inputs are tensors

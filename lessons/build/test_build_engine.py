@@ -52,7 +52,8 @@ def test_the_engine_generates_pagedllms_tokens(impl, parts, model, prompts, expe
     seqs = [engine.add_request(p, MAX_TOKENS) for p in prompts]
     preempted = cache_hits = steps = 0
     while engine.scheduler.has_unfinished():
-        assert steps < 1000, "the engine does not finish the workload"
+        assert steps < 1000, ("the engine does not finish the workload"
+                              "\n엔진이 워크로드를 끝내지 못합니다")
         out = engine.step()
         steps += 1
         preempted += len(out.preempted)
@@ -61,9 +62,15 @@ def test_the_engine_generates_pagedllms_tokens(impl, parts, model, prompts, expe
                           and item.seq.num_computed_tokens > item.num_tokens)
     used = ", ".join(f"{piece} {origin}" for piece, origin in parts.origin.items())
     wrong = differences([s.output_token_ids for s in seqs], expected[name], prompts)
-    assert wrong is None, f"{wrong}\n(the pieces: {used})"
-    assert preempted > 0, f"no request was preempted: the pool is meant to force it ({used})"
+    assert wrong is None, (f"{wrong}\n(the pieces: {used})"
+                           f"\n(조각: {used})")
+    assert preempted > 0, (f"no request was preempted: the pool is meant to force it ({used})"
+                           "\n선점된 요청이 없습니다: 이 풀은 선점이 일어나도록 정한 "
+                           f"것입니다({used})")
     if config.enable_prefix_caching:
         assert cache_hits > 0, ("no prefill found cached blocks although three prompts share "
                                 f"18 tokens: does your block manager use the prefix cache? "
-                                f"({used})")
+                                f"({used})"
+                                "\n프롬프트 셋이 토큰 18개를 공유하는데도 캐시된 블록을 찾은 "
+                                "프리필이 없습니다: 여러분의 블록 관리자가 프리픽스 캐시를 "
+                                f"쓰나요? ({used})")

@@ -25,14 +25,19 @@ def write(cache: torch.Tensor, table: list[int], rows: torch.Tensor) -> None:
 
 def test_allocate(impl):
     k, v = impl.allocate_kv_cache(3, 5, 4, 2, 8, torch.float64)
-    assert len(k) == 3 and len(v) == 3, "one K and one V tensor per layer"
+    assert len(k) == 3 and len(v) == 3, ("one K and one V tensor per layer"
+                                         "\n레이어마다 K 텐서 하나와 V 텐서 하나")
     for t in (*k, *v):
-        assert t.shape == (5, 4, 2, 8), \
+        assert t.shape == (5, 4, 2, 8), (
             f"a layer's pool is [num_blocks, block_size, kv_heads, head_dim], got {t.shape}"
+            "\n레이어의 풀은 [num_blocks, block_size, kv_heads, head_dim]이어야 하는데, 결과는 "
+            f"{t.shape}")
         assert t.dtype == torch.float64 and t.device.type == "cpu"
     storages = {t.untyped_storage().data_ptr() for t in (*k, *v)}
     assert len(storages) == 6, ("two of the pool's tensors share memory: then a write to one "
-                                "layer (or to K) would also change another; give each its own")
+                                "layer (or to K) would also change another; give each its own"
+                                "\n풀의 텐서 두 개가 메모리를 공유합니다: 그러면 한 레이어(또는 "
+                                "K)에 쓸 때 다른 텐서도 바뀝니다. 텐서마다 자기 메모리를 주세요")
 
 
 def test_store_writes_its_slots_and_nothing_else(impl):
@@ -90,7 +95,8 @@ def dense(case: dict) -> list[torch.Tensor]:
 def check_rows(out: torch.Tensor, case: dict) -> None:
     names = ["the prompt (7 rows)", "the decode (1 row at position 9)",
              "the cached prompt (3 rows at positions 8..10)"]
-    assert out.shape == case["q"].shape, f"one output row per query row: {out.shape}"
+    assert out.shape == case["q"].shape, (f"one output row per query row: {out.shape}"
+                                          f"\n쿼리 행마다 출력 행 하나: {out.shape}")
     start = 0
     for name, want, q_len in zip(names, dense(case), case["q_lens"], strict=True):
         got = out[start:start + q_len]

@@ -38,12 +38,16 @@ def run(scheduler, seqs, max_steps: int = 500) -> list:
         scheduler.add(seq)
     bm, outs = scheduler.block_manager, []
     while scheduler.has_unfinished():
-        assert len(outs) < max_steps, "no end in sight: is a sequence never scheduled?"
+        assert len(outs) < max_steps, ("no end in sight: is a sequence never scheduled?"
+                                       "\n끝이 보이지 않습니다: 한 번도 스케줄되지 않는 시퀀스가 "
+                                       "있나요?")
         out = scheduler.schedule()
-        assert out.num_batched_tokens <= scheduler.max_num_batched_tokens, \
+        assert out.num_batched_tokens <= scheduler.max_num_batched_tokens, (
             f"step {len(outs)}: {out.num_batched_tokens} tokens, over the step's budget"
-        assert len(scheduler.running) <= scheduler.max_num_seqs, \
+            f"\n스텝 {len(outs)}: 토큰 {out.num_batched_tokens}개, 스텝 예산 초과")
+        assert len(scheduler.running) <= scheduler.max_num_seqs, (
             f"step {len(outs)}: {len(scheduler.running)} running, over max_num_seqs"
+            f"\n스텝 {len(outs)}: 실행 중 {len(scheduler.running)}개, max_num_seqs 초과")
         kinds = {item.num_tokens > 1 or not item.seq.output_token_ids for item in out.scheduled}
         expect(len(kinds) <= 1, f"step {len(outs)} mixes prefills and decodes {plan(out)}: "
                "a step that admits prompts decodes nothing")
@@ -58,14 +62,17 @@ def run(scheduler, seqs, max_steps: int = 500) -> list:
             expect(seq.num_computed_tokens + item.num_tokens == len(seq),
                    f"step {len(outs)}: sequence {seq.arrival} must compute all its new tokens")
         if not out.scheduled and not out.preempted:
-            pytest.fail(f"step {len(outs)} scheduled nothing with sequences unfinished")
+            pytest.fail(f"step {len(outs)} scheduled nothing with sequences unfinished"
+                        f"\n스텝 {len(outs)}: 끝나지 않은 시퀀스가 있는데 아무것도 스케줄하지 "
+                        "않았습니다")
         finish_step(scheduler, out)
         outs.append(out)
     for seq in seqs:
         assert seq.status == FINISHED and seq.output_token_ids == [TOKEN] * seq.max_tokens
         refuses(ValueError, f"sequence {seq.arrival} finished: its blocks go back",
                 bm.block_table, seq.seq_id)
-    assert bm.num_free_blocks == bm.num_blocks, "every block is free once all finished"
+    assert bm.num_free_blocks == bm.num_blocks, ("every block is free once all finished"
+                                                 "\n모두 끝나면 모든 블록이 비어 있어야 합니다")
     return outs
 
 
@@ -80,7 +87,9 @@ def test_continuous_batching(impl, parts):
             [(2, 4)],  # 2 is admitted at once, not after the whole batch
             [(1, 1), (2, 1)], [(1, 1)], [(1, 1)]]
     assert got == want, (f"steps {got}, expected {want}: rebuild the batch every step; a step "
-                         "with prompts to admit only prefills")
+                         "with prompts to admit only prefills"
+                         f"\n스텝 {got}, 기대값 {want}: 배치는 스텝마다 새로 짜세요. 받아들일 "
+                         "프롬프트가 있는 스텝은 프리필만 합니다")
 
 
 def test_first_come_first_served(impl, parts):
@@ -90,16 +99,22 @@ def test_first_come_first_served(impl, parts):
     outs = run(s, seqs)
     first = plan(outs[0])
     assert first == [(0, 12)], (f"the first step ran {first}: sequence 1 needs 4 blocks with "
-                                "3 left, and sequence 2 (1 block) must not jump ahead of it")
+                                "3 left, and sequence 2 (1 block) must not jump ahead of it"
+                                f"\n첫 스텝에서 실행한 것: {first}. 시퀀스 1에는 블록 4개가 "
+                                "필요한데 3개가 남았고, 시퀀스 2(블록 1개)는 그보다 앞질러 가면 "
+                                "안 됩니다")
     order = list(dict.fromkeys(item.seq.arrival for out in outs for item in out.scheduled))
-    assert order == [0, 1, 2], f"first scheduled in the order {order}"
+    assert order == [0, 1, 2], (f"first scheduled in the order {order}"
+                                f"\n처음 스케줄된 순서: {order}")
 
 
 def test_token_budget(impl, parts):
     s = impl.Scheduler(parts.BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=25)
     outs = run(s, [make(i, 10, 3) for i in range(4)])
-    assert plan(outs[0]) == [(0, 10), (1, 10)], \
+    assert plan(outs[0]) == [(0, 10), (1, 10)], (
         f"25 tokens a step: two prompts of 10, not {plan(outs[0])}; a prompt is never split"
+        f"\n스텝당 토큰 25개: 10토큰 프롬프트 두 개여야 합니다(결과: {plan(outs[0])}). 프롬프트는 "
+        "결코 나누지 않습니다")
     assert plan(outs[1]) == [(2, 10), (3, 10)]
 
 
@@ -120,10 +135,13 @@ def test_preemption_in_a_pool_one_block_too_small(impl, parts):
     out = s.schedule()  # both need a new block; one is left
     assert plan(out) == [(0, 1)] and out.preempted == [b], (
         f"scheduled {plan(out)}, preempted {[q.arrival for q in out.preempted]}: sequence 0 "
-        "takes the last block; sequence 1, the latest arrival, gives its blocks up")
+        "takes the last block; sequence 1, the latest arrival, gives its blocks up"
+        f"\n스케줄 {plan(out)}, 선점 {[q.arrival for q in out.preempted]}: 시퀀스 0이 마지막 "
+        "블록을 가져가고, 가장 늦게 도착한 시퀀스 1이 블록을 내놓습니다")
     assert b.status == WAITING and s.waiting[0] is b and b not in s.running
-    assert b.num_computed_tokens == 0 and b.output_token_ids == [TOKEN], \
+    assert b.num_computed_tokens == 0 and b.output_token_ids == [TOKEN], (
         "preempted by recompute: no K/V left, but the tokens it generated stay"
+        "\n재계산으로 선점됨: K/V는 남지 않지만, 생성한 토큰은 그대로 남습니다")
     refuses(ValueError, "preempted by recompute, sequence 1 gives all its blocks back",
             bm.block_table, b.seq_id)
     assert s.num_preemptions == 1
@@ -131,7 +149,10 @@ def test_preemption_in_a_pool_one_block_too_small(impl, parts):
     outs = run(s, [])
     readmit = next(item for o in outs for item in o.scheduled if item.seq is b)
     assert readmit.num_tokens == 5, ("re-admitted, sequence 1 computes its prompt and its "
-                                     f"output again: 5 tokens, not {readmit.num_tokens}")
+                                     f"output again: 5 tokens, not {readmit.num_tokens}"
+                                     "\n다시 받아들여진 시퀀스 1은 프롬프트와 출력을 다시 "
+                                     "계산합니다: 토큰 5개여야 합니다(결과: "
+                                     f"{readmit.num_tokens})")
 
 
 def test_the_latest_arrival_gives_way(impl, parts):
@@ -144,7 +165,9 @@ def test_the_latest_arrival_gives_way(impl, parts):
     got = ([q.arrival for q in out.preempted], plan(out))
     assert got == ([3], [(0, 1), (1, 1), (2, 1)]), (
         f"preempted {got[0]}, ran {got[1]}: sequence 0 needs a block and none is free; the "
-        "latest arrival (3) gives its block up, although it needed none itself")
+        "latest arrival (3) gives its block up, although it needed none itself"
+        f"\n선점 {got[0]}, 실행 {got[1]}: 시퀀스 0에 블록이 필요한데 빈 블록이 없습니다. 가장 "
+        "늦게 도착한 시퀀스(3)가, 자신은 블록이 필요 없었는데도 블록을 내놓습니다")
 
 
 def test_random_workloads_finish(impl, parts):

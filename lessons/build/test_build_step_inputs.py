@@ -49,17 +49,25 @@ def test_worked_example(impl):
         logits_indices=[5, 6, 9])
     why = dict(
         slot_mapping="slot = block_table[p // block_size] * block_size + p % block_size",
-        block_tables="one row per sequence, padded with 0 to the longest",
-        seq_lens="tokens in the cache once this step's are stored: computed + scheduled",
-        query_start_loc="0, then the end of each sequence's rows",
+        block_tables=("one row per sequence, padded with 0 to the longest"
+                      "\n시퀀스마다 한 행, 가장 긴 시퀀스에 맞춰 0으로 패딩"),
+        seq_lens=("tokens in the cache once this step's are stored: computed + scheduled"
+                  "\n이 스텝의 토큰까지 저장한 뒤 캐시에 있는 토큰 수: 계산된 토큰 + 스케줄된 "
+                  "토큰"),
+        query_start_loc=("0, then the end of each sequence's rows"
+                         "\n0, 그다음 시퀀스마다 그 행들이 끝나는 위치"),
         logits_indices=("each sequence that samples (reaches its last token), the row of "
-                        "its last token; the chunk of sequence 3 samples nothing"))
+                        "its last token; the chunk of sequence 3 samples nothing"
+                        "\n샘플링하는 시퀀스(마지막 토큰에 이르는 시퀀스)마다 그 마지막 토큰의 "
+                        "행; 시퀀스 3의 청크는 아무것도 샘플링하지 않습니다"))
     dtypes = dict(input_ids=torch.int64, positions=torch.int64, slot_mapping=torch.int64,
                   block_tables=torch.int32, seq_lens=torch.int32, query_start_loc=torch.int32,
                   logits_indices=torch.int64)
     for name, value in want.items():
         tensor = getattr(got, name)
-        assert tensor.dtype == dtypes[name], f"{name}: {dtypes[name]}, got {tensor.dtype}"
+        assert tensor.dtype == dtypes[name], (f"{name}: {dtypes[name]}, got {tensor.dtype}"
+                                              f"\n{name}: 기대 dtype {dtypes[name]}, 결과 "
+                                              f"{tensor.dtype}")
         assert tensor.tolist() == value, \
             f"{name}: expected {value}, got {tensor.tolist()} ({why.get(name, '')})"
 
@@ -82,7 +90,8 @@ def test_inputs_drive_the_pool(impl, parts):
         scheduler.add(s)
     steps = preempted = 0
     while scheduler.has_unfinished():
-        assert steps < 200, "the workload does not finish"
+        assert steps < 200, ("the workload does not finish"
+                             "\n워크로드가 끝나지 않습니다")
         out = scheduler.schedule()
         parts.copy_blocks(k_caches, v_caches, out.blocks_to_copy)
         preempted += len(out.preempted)
@@ -106,13 +115,19 @@ def test_inputs_drive_the_pool(impl, parts):
                     f"step {steps}, sequence {s.seq_id} ({item.num_tokens} of {n} tokens): "
                     "the attention over the pool read something else than its history "
                     "(NaN: an unwritten slot). Check slot_mapping, block_tables, seq_lens "
-                    "and query_start_loc against each other"))
+                    "and query_start_loc against each other"
+                    f"\n스텝 {steps}, 시퀀스 {s.seq_id} (토큰 {n}개 중 {item.num_tokens}개): 풀 "
+                    "위의 어텐션이 그 시퀀스의 이력이 아닌 것을 읽었습니다(NaN이면 아무도 쓰지 "
+                    "않은 슬롯). slot_mapping, block_tables, seq_lens, query_start_loc을 서로 "
+                    "맞춰 확인하세요"))
                 row += item.num_tokens
             ends = inputs.query_start_loc.tolist()[1:]
             sampling = [e - 1 for item, e in zip(out.scheduled, ends, strict=True)
                         if item.samples]
-            assert inputs.logits_indices.tolist() == sampling, \
+            assert inputs.logits_indices.tolist() == sampling, (
                 f"step {steps}: logits_indices, the last row of each sampling sequence"
+                f"\n스텝 {steps}: logits_indices는 샘플링하는 시퀀스마다 그 마지막 행입니다")
             scheduler.update(out, [7] * len(sampling))
         steps += 1
-    assert preempted > 0, "the workload was meant to preempt: the test is too easy"
+    assert preempted > 0, ("the workload was meant to preempt: the test is too easy"
+                           "\n워크로드는 선점을 일으키도록 만든 것입니다: 테스트가 너무 쉽습니다")

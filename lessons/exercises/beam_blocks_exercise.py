@@ -15,6 +15,24 @@ The test runs beam steps with random survivors on the real BlockSpaceManager
 append for every new beam) and compares your answer with the manager's reference counts, free
 list and copy-on-write pairs at every step. Until you edit this file the test reports your
 version as skipped and checks only the solution.
+
+한국어:
+연습 문제(8강, "공유 블록 위의 빔 서치"): 빔 한 스텝이 블록에 하는 일.
+
+빔 서치(beam search)의 한 스텝이 끝나면 살아남은 (부모 빔, 토큰) 쌍이 저마다 새 빔이 됩니다.
+엔진의 _beam_step은 새 빔을 저마다 부모에서 포크하고(부모의 블록을 모두 공유하며 참조 카운트가
+올라갑니다), 그다음 옛 세대 전체를 해제합니다. 다음 스텝에서 새 빔은 저마다 append_slot으로 자기
+토큰의 슬롯을 받는데, append_slot은 공유된, 일부만 찬 마지막 블록에 쓰기 전에 그 블록을
+복사합니다(쓰기 시 복사(copy-on-write)). 이것이 물리 블록에 무엇을 하는지 작성하세요.
+
+다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_beam_blocks_exercise.py
+
+테스트는 살아남는 빔을 무작위로 골라 실제 BlockSpaceManager(reference/kv/block_manager.py) 위에서
+엔진과 같은 순서(모두 포크, 옛 빔 해제, 새 빔마다 append)로 빔 스텝을 돌리고, 매 스텝 여러분의
+답을 관리자의 참조 카운트, 빈 블록 목록, 쓰기 시 복사 쌍과 비교합니다. 이 파일을 고치기 전까지
+테스트는 여러분의 버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 

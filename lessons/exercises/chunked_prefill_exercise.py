@@ -19,6 +19,28 @@ The test runs the real Scheduler (reference/engine/scheduler.py) with chunked pr
 stream of arriving requests, prompts long and short, and compares your split with the
 scheduler's at every step. The KV pool is large, so memory never limits a step here. Until you
 edit this file the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(6강, "예산과 청크 프리필"): 한 스텝이 토큰 예산을 나누는 방식.
+
+enable_chunked_prefill=True이면 한 스텝에는 토큰이 최대 max_num_batched_tokens개 들어가고,
+레퍼런스 스케줄러는 다음 순서로 스텝을 채웁니다(6강, "청크 프리필"):
+
+1. 실행 중인 요청을 도착 순서대로. 디코드 중인 요청은 토큰 하나를 계산합니다. 프롬프트가 일부만
+   계산된 요청은 다음 청크로 이어 갑니다: 남은 토큰 가운데 예산이 아직 허락하는 만큼입니다. 예산이
+   바닥난 뒤의 요청은 이번 스텝에서 아무것도 계산하지 않습니다(실행 중으로는 남습니다).
+2. 그다음 남은 예산에 대기 중인 요청을 선착순으로 받아들입니다: 시퀀스가 하나 늘어도
+   max_num_seqs를 넘지 않아야 하고(실행 중인 요청 모두 포함), 예산이 조금이라도 남아 있어야
+   합니다. 받아들인 프롬프트가 남은 예산보다 길면 들어가는 만큼의 청크로 시작합니다.
+
+다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_chunked_prefill_exercise.py
+
+테스트는 실제 Scheduler(reference/engine/scheduler.py)를 청크 프리필을 켜고, 길고 짧은 프롬프트가
+섞인 요청이 계속 도착하게 하여 돌리며, 매 스텝 여러분의 분할을 스케줄러의 것과 비교합니다. KV 풀이
+크므로 여기서는 메모리가 스텝을 제한하는 일이 없습니다. 이 파일을 고치기 전까지 테스트는 여러분의
+버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 

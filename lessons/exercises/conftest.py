@@ -23,7 +23,8 @@ def implementations(exercise: str) -> dict[str, Path]:
 
 
 def not_attempted(exercise: str) -> str:
-    return f"exercise not attempted yet: edit lessons/exercises/{exercise}.py"
+    return (f"exercise not attempted yet: edit lessons/exercises/{exercise}.py / "
+            f"아직 풀지 않은 연습 문제: lessons/exercises/{exercise}.py를 고치세요")
 
 
 def load(exercise: str, name: str) -> ModuleType:

@@ -13,6 +13,23 @@ The test drives the real ContiguousAllocator (reference/kv/contiguous_allocator.
 three reservation policies with requests arriving, growing and finishing in random order, and
 compares your placements and your accounting with the allocator's after every event. Until you
 edit this file the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(2강, "연속 할당과 세 가지 낭비"): 슬랩 놓기와 세기.
+
+토큰 슬롯 total_slots개짜리 연속 KV 공간은 요청마다 슬랩(slab) 하나를 줍니다. 슬랩은 수락 시점에
+예약되는, 연속된 슬롯의 묶음입니다. 2강의 할당기가 하는 두 가지 일을 평범한 튜플로 작성하세요:
+요청이 오가는 동안 슬랩을 최초 적합(first fit)으로 놓는 일, 그리고 어느 한 순간 공간의 모든 슬롯이
+어디에 속하는지 말하는 일입니다.
+
+다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_contiguous_exercise.py
+
+테스트는 실제 ContiguousAllocator(reference/kv/contiguous_allocator.py)를 세 가지 예약 정책
+모두로, 요청들이 무작위 순서로 도착하고 자라고 끝나게 하며 돌리고, 사건마다 여러분의 배치와 집계를
+할당기의 것과 비교합니다. 이 파일을 고치기 전까지 테스트는 여러분의 버전을 skipped로 보고하고
+해답만 확인합니다.
 """
 
 

@@ -14,6 +14,23 @@ The test runs the real BlockSpaceManager (reference/kv/block_manager.py): it all
 forks n - 1 children, appends every sample's tokens, and counts the distinct physical blocks in
 use. Until you edit this file the test reports your version as skipped and checks only the
 solution.
+
+한국어:
+연습 문제(7강, "병렬 샘플링과 쓰기 시 복사"): 공유로 아끼는 것.
+
+한 요청이 prompt_len 토큰짜리 프롬프트 하나에 대해 샘플 n개를 요청합니다. 샘플 i는 토큰
+output_lens[i]개를 생성하므로(샘플마다 적어도 하나), 끝에는 토큰 prompt_len + output_lens[i]개의
+K/V를 가집니다. 블록에는 토큰 슬롯이 block_size개 있습니다.
+
+아래 두 함수를 작성하세요: 샘플들이 프롬프트의 블록을 공유할 때(포크한 뒤 쓰기 시
+복사(copy-on-write))와 샘플마다 자기 사본을 가질 때, 요청이 끝에 가지는 물리 블록의 수입니다. 다음
+명령으로 확인하세요:
+
+    pytest lessons/exercises/test_cow_exercise.py
+
+테스트는 실제 BlockSpaceManager(reference/kv/block_manager.py)를 돌립니다: 프롬프트를 할당하고,
+자식 n - 1개를 포크하고, 샘플마다 토큰을 append한 뒤, 사용 중인 서로 다른 물리 블록을 셉니다. 이
+파일을 고치기 전까지 테스트는 여러분의 버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 

@@ -8,6 +8,17 @@ The test compares the byte counts with the KV size calculator's presets
 (reference/kv_size.py) and DeepSeek-V2's published dimensions, and grouped_decode with the
 reference attention (reference/ops/attention.py) for MHA, GQA and MQA shapes. Until you edit
 this file the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(12강, "MHA, GQA, MQA와 MLA"): 토큰 하나의 비용과 그룹 단위 어텐션.
+
+아래 네 함수를 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_gqa_exercise.py
+
+테스트는 바이트 수를 KV 크기 계산기의 프리셋(reference/kv_size.py) 및 DeepSeek-V2의 공개된 차원과
+비교하고, grouped_decode를 MHA, GQA, MQA 형태에서 레퍼런스 어텐션(reference/ops/attention.py)과
+비교합니다. 이 파일을 고치기 전까지 테스트는 여러분의 버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 import torch

@@ -12,6 +12,21 @@ The test compares your padding with the buffers the real ModelRunner fills
 (optimized/model_runner.py), then runs a small model on your padded step and checks that the
 real rows' logits and the KV cache are exactly those of the unpadded step. Until you edit this
 file the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(14강, "최적화 엔진의 내부"): 디코드 스텝을 캡처된 그래프에 맞게 패딩하기.
+
+CUDA 그래프는 기록한 커널을 기록한 형태 그대로 정확히 다시 실행합니다. 최적화 계층의 모델 러너는
+짧은 목록(1, 2, 4, 8, 16, 24, ...)의 디코드 배치 크기마다 그래프를 하나씩 캡처하고, 시퀀스 B개의
+디코드 스텝은 B를 담을 수 있는 가장 작은 캡처 크기의 그래프로 실행합니다. 모자란 행은 아무것도
+바꾸지 않는 패딩으로 채웁니다. 아래 두 함수를 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_graph_padding_exercise.py
+
+테스트는 여러분의 패딩을 실제 ModelRunner(optimized/model_runner.py)가 채우는 버퍼와 비교한 뒤,
+패딩한 스텝으로 작은 모델을 돌려 실제 행의 로짓과 KV 캐시가 패딩하지 않은 스텝의 것과 정확히
+같은지 확인합니다. 이 파일을 고치기 전까지 테스트는 여러분의 버전을 skipped로 보고하고 해답만
+확인합니다.
 """
 
 

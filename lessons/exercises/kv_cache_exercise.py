@@ -9,6 +9,19 @@ row it is given and hand back everything the new queries may attend to. Check yo
 The test generates 24 greedy tokens with your cache and compares them with generation that uses
 no cache at all: they must be identical. It also checks that your cache really stored the tokens
 (so that ``generate`` fed only one new token per decode step).
+
+한국어:
+연습 문제(1강, "KV 캐시"): 레퍼런스 모델이 쓸 수 있는 KV 캐시 작성하기.
+
+모델은 스텝마다, 레이어마다 한 번 ``store_and_fetch``를 호출합니다(reference/model/cache.py의
+``OneSequenceCache``가 제공하는 ``attend``를 통해서). 여러분의 캐시는 받은 K/V 행을 모두 기억하고,
+새 쿼리가 어텐션할 수 있는 것을 모두 돌려주어야 합니다. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_kv_cache_exercise.py
+
+테스트는 여러분의 캐시로 그리디 토큰 24개를 생성하고, 캐시를 전혀 쓰지 않는 생성과 비교합니다:
+둘은 똑같아야 합니다. 또한 캐시가 정말 토큰을 저장했는지(그래서 ``generate``가 디코드 스텝마다 새
+토큰 하나만 넣었는지)도 확인합니다.
 """
 
 import torch

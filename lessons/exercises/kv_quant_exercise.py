@@ -32,6 +32,41 @@ and the int4 layout on rows with known answers, your bytes against the reference
 (reference/ops/kv_quant.py), and paged attention over a pool written with your quantizer and
 read back with your dequantizer against the reference's. Until you edit this file the test
 reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(17강, "KV 캐시 양자화"): 스케일을 곁들인 int8 행과 int4 행.
+
+KV 헤드 하나에 대한 토큰의 K(또는 V)는 head_dim개의 수로 된 행입니다. int8 캐시와 int4 캐시는 각
+행을 작은 정수들과, 그 정수가 무엇을 뜻하는지 알려 주는 bfloat16 수들로 저장하며, 이 수들은 행을
+쓸 때(store_kv) 계산합니다. 아래의 모든 계산은 float32(x.float())로 합니다.
+
+int8, 대칭, 행마다 스케일 s 하나:
+
+    s     = 행에서 가장 큰 |x| / 127, bfloat16으로 반올림 (0만 있는 행: s = 1)
+    q     = floor(x / s + 0.5), [-127, 127]로 클리핑       s는 저장된 값을 float32로 되돌려 씀
+    x_hat = q * s
+
+    data: int8 [..., head_dim]; scales: bfloat16 [...]
+
+int4, 비대칭, 행마다 스케일 s와 영점 z 하나씩, 16단계가 [min, max]를 덮도록:
+
+    s     = (max - min) / 15, bfloat16으로 반올림 (max == min: s = 1)
+    z     = min, bfloat16으로 반올림
+    q     = floor((x - z) / s + 0.5), [0, 15]로 클리핑              s와 z는 저장된 값
+    x_hat = q * s + z
+
+    data: uint8 [..., head_dim / 2], 바이트당 값 두 개: 바이트 j는 하위 4비트에 q[j]를,
+    상위 4비트에 q[j + head_dim / 2]를 담습니다(행의 앞쪽 절반은 하위 니블에, 뒤쪽 절반은
+    상위 니블에); scales: bfloat16 [..., 2], (s, z)
+
+두 함수를 모두 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_kv_quant_exercise.py
+
+테스트는 왕복 오차의 한계(반 간격: int8에서 |x - x_hat| <= s / 2), 답을 아는 행에서의 반올림과
+int4 배치, 여러분의 바이트가 레퍼런스(reference/ops/kv_quant.py)의 바이트와 같은지를 확인하고,
+여러분의 양자화 함수로 쓰고 역양자화 함수로 다시 읽은 풀 위의 페이지 단위 어텐션을 레퍼런스의 것과
+비교합니다. 이 파일을 고치기 전까지 테스트는 여러분의 버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 import torch

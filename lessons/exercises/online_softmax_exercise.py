@@ -17,6 +17,26 @@ Write the three functions below. Check your work with
 The test splits random attention problems into tiles of random sizes, merges the partials in
 random orders and compares the result with torch.softmax(scores) @ values. Until you edit this
 file the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(11강, "FlashAttention과 온라인 소프트맥스"): 타일 하나씩 계산하는 어텐션.
+
+쿼리 행 몇 개가 키 n개에 하는 어텐션은 softmax(scores) @ values이며, scores는 [rows, n], values는
+[n, d]입니다. 커널은 한 행의 점수 n개를 한꺼번에 가지는 일이 없습니다: 키를 타일 하나씩 만나며,
+flash-decoding은 아예 서로 다른 타일을 서로 다른 프로그램에 맡깁니다. 타일마다 행별로 *부분 결과*
+(m, l, acc)를 남깁니다:
+
+- m   [rows]     타일에서 가장 큰 점수(그 행의 점수가 모두 -inf, 즉 마스킹되었으면 -inf);
+- l   [rows]     타일의 키들에 대한 exp(score - m)의 합;
+- acc [rows, d]  같은 키들에 대한 exp(score - m) * value의 합.
+
+아래 세 함수를 작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_online_softmax_exercise.py
+
+테스트는 무작위 어텐션 문제를 무작위 크기의 타일로 나누고, 부분 결과들을 무작위 순서로 합친 뒤, 그
+결과를 torch.softmax(scores) @ values와 비교합니다. 이 파일을 고치기 전까지 테스트는 여러분의
+버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 import torch

@@ -14,6 +14,24 @@ kernel exists to avoid). Check your work with
 The test compares your output with the reference (reference/ops/attention.py) on scattered
 block tables, several block sizes and grouped-query heads. Until you edit this file the test
 reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(10강, "PagedAttention 커널"): 블록 테이블을 거쳐, 제자리에서 어텐션하기.
+
+페이징된 캐시는 블록의 풀이며, k_cache와 v_cache는 [num_blocks, block_size, kv_heads, head_dim]
+형태입니다. 토큰 seq_len개짜리 시퀀스 하나는 키와 값을 블록 테이블이 순서대로 나열하는 블록들에
+둡니다: 위치 p는 블록 block_table[p // block_size]의 슬롯 p % block_size에 있습니다. seq_len 뒤의
+슬롯에는 쓰레기 값이 들어 있습니다(테스트는 NaN으로 채웁니다).
+
+이 시퀀스의 쿼리 하나에 대한 디코드 어텐션을 작성하세요. 캐시는 블록이 놓인 자리에서 블록 하나씩
+읽습니다: 시퀀스 전체를 새 텐서로 모으지(gather) 마세요(그 복사를 피하려고 이 커널이 있는
+것입니다). 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_paged_kernel_exercise.py
+
+테스트는 흩어진 블록 테이블, 여러 블록 크기, 그룹 쿼리 헤드에서 여러분의 출력을
+레퍼런스(reference/ops/attention.py)와 비교합니다. 이 파일을 고치기 전까지 테스트는 여러분의
+버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 import torch

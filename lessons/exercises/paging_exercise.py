@@ -9,6 +9,19 @@ Write the two functions below. Check your work with
 The test grows and frees sequences in the real BlockSpaceManager (reference/kv/block_manager.py)
 and compares your answers with the manager's at every step. Until you edit this file the test
 reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(3강, "KV 캐시 페이징"): 페이징이 기대는 두 가지 계산.
+
+페이징된 KV 캐시는 각각 토큰 슬롯 ``block_size``개로 된 물리 블록의 풀입니다. 시퀀스의 블록
+테이블은 그 시퀀스의 논리 블록 0, 1, 2, ...를 담은 물리 블록을 순서대로 나열합니다. 아래 두 함수를
+작성하세요. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_paging_exercise.py
+
+테스트는 실제 BlockSpaceManager(reference/kv/block_manager.py)에서 시퀀스를 늘리고 해제하며, 매
+스텝 여러분의 답을 관리자의 답과 비교합니다. 이 파일을 고치기 전까지 테스트는 여러분의 버전을
+skipped로 보고하고 해답만 확인합니다.
 """
 
 

@@ -13,6 +13,23 @@ The test replays streams of requests that share system prompts through the real 
 (reference/kv/block_manager.py and reference/kv/prefix_cache.py) in pools small enough to
 evict, and compares your keys, block tables and cached-token counts with the manager's. Until
 you edit this file the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(9강, "프리픽스 캐싱"): 사슬로 이어진 블록 키, 조회, LRU 축출.
+
+평범한 리스트와 딕셔너리로, 프리픽스 캐싱(prefix caching)을 하는 작은 블록 풀을 직접 작성하세요.
+enable_prefix_caching=True인 레퍼런스 BlockSpaceManager와 같은 선택을 해야 합니다(9강): 새 요청이
+어떤 캐시된 블록을 재사용하는지, 어떤 빈 블록을 가져가는지, 그 때문에 어떤 캐시된 블록이
+축출되는지입니다. 키에는 아래의 block_key(실제 함수)를 쓰세요.
+
+다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_prefix_cache_exercise.py
+
+테스트는 시스템 프롬프트를 공유하는 요청 스트림을 축출이 일어날 만큼 작은 풀에서 실제
+관리자(reference/kv/block_manager.py와 reference/kv/prefix_cache.py)로 재생하고, 여러분의 키, 블록
+테이블, 캐시된 토큰 수를 관리자의 것과 비교합니다. 이 파일을 고치기 전까지 테스트는 여러분의
+버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 from pagedllm.reference.kv.prefix_cache import block_key  # noqa: F401 (yours to use)

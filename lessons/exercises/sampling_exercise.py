@@ -9,6 +9,19 @@ Python: a list of floats in, a list of floats or one token id out. Check your wo
 The test compares your functions with the reference's ``_top_k_top_p`` and ``sample`` on rows
 full of ties, and runs your race on the reference's own random numbers. Until you edit this file
 the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(16강, "샘플링: 로짓에서 토큰으로"): 한 행에 대한 잘라내기와 뽑기.
+
+레퍼런스 샘플러(reference/ops/sampling.py)는 정렬, 누적 합, scatter로 행의 배치 전체를 한 번에
+처리합니다. 여기서는 같은 메커니즘을 한 행에 대해 순수 Python으로 작성합니다: float 리스트를 받아
+float 리스트나 토큰 id 하나를 내놓습니다. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_sampling_exercise.py
+
+테스트는 동점이 가득한 행에서 여러분의 함수를 레퍼런스의 ``_top_k_top_p``, ``sample``과 비교하고,
+레퍼런스 자신의 난수로 여러분의 경주를 돌립니다. 이 파일을 고치기 전까지 테스트는 여러분의 버전을
+skipped로 보고하고 해답만 확인합니다.
 """
 
 import math  # noqa: F401  (you will want math.exp and math.log)

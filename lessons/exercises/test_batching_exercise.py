@@ -61,10 +61,13 @@ def run(continuous_step, seed: int, block_size: int, num_gpu_blocks: int, max_nu
             case = (f"step {step}: running {running}, waiting {waiting}, {free} free blocks of "
                     f"{block_size}, max_num_seqs {max_num_seqs}, max_num_batched_tokens "
                     f"{max_num_batched_tokens}")
-            assert got == real, f"scheduled {got}, the scheduler scheduled {real}; {case}"
+            assert got == real, (f"scheduled {got}, the scheduler scheduled {real}; {case}"
+                                 f"\n여러분의 스케줄 {got}, 스케줄러의 스케줄 {real}; {case}")
             assert free_after == scheduler.kv.num_free_blocks, (
                 f"{free_after} free blocks after the step, the pool has "
-                f"{scheduler.kv.num_free_blocks}; {case}")
+                f"{scheduler.kv.num_free_blocks}; {case}"
+                f"\n스텝 뒤 빈 블록: 여러분 {free_after}개, 풀 {scheduler.kv.num_free_blocks}개; "
+                f"{case}")
             coverage["steps"] += 1
             coverage["prefill steps" if waiting and set(real) <= {w for w, _ in waiting}
                      and real else "decode steps"] += 1
@@ -78,20 +81,25 @@ def run(continuous_step, seed: int, block_size: int, num_gpu_blocks: int, max_nu
 def test_the_docstring_example(continuous_step):
     got = continuous_step([("a", 4), ("b", 5)], [], 3, 4, 8, 64)
     assert got == ({"a": 1, "b": 1}, 2), (
-        f"got {got}: both decode; a's 4 tokens fill its block, so its 5th takes a new one")
+        f"got {got}: both decode; a's 4 tokens fill its block, so its 5th takes a new one"
+        f"\n결과 {got}: 둘 다 디코드합니다. a의 토큰 4개가 블록을 채우므로 5번째 토큰은 새 블록을 "
+        "받습니다")
 
 
 def test_admission_only_prefills(continuous_step):
     got = continuous_step([("a", 4), ("b", 5)], [("c", 6), ("d", 3)], 10, 4, 8, 64)
     assert got == ({"c": 6, "d": 3}, 7), (
-        f"got {got}: c and d are admitted (2 + 1 blocks), and a step that admits only prefills")
+        f"got {got}: c and d are admitted (2 + 1 blocks), and a step that admits only prefills"
+        f"\n결과 {got}: c와 d를 받아들이고(블록 2 + 1개), 요청을 받아들인 스텝은 프리필만 합니다")
 
 
 def test_head_of_line_blocking(continuous_step):
     got = continuous_step([("a", 2)], [("c", 40), ("d", 3)], 20, 4, 8, 32)
     assert got == ({"a": 1}, 20), (
         f"got {got}: c's 40 tokens exceed the budget of 32, so d may not jump ahead, and a "
-        "decodes (its block has room)")
+        "decodes (its block has room)"
+        f"\n결과 {got}: c의 토큰 40개가 예산 32를 넘으므로 d는 앞질러 갈 수 없고, a는 "
+        "디코드합니다(블록에 자리가 있습니다)")
 
 
 CONFIGS = [  # block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens
@@ -110,4 +118,6 @@ def test_matches_the_scheduler(continuous_step, seed):
         run(continuous_step, seed, *config, coverage)
     for what in ["prefill steps", "decode steps", "admission stopped part-way",
                  "nobody admitted though someone waits"]:  # the workload tried every rule
-        assert coverage[what] >= 5, f"the test's workload has too few {what}: {coverage}"
+        assert coverage[what] >= 5, (f"the test's workload has too few {what}: {coverage}"
+                                     f"\n테스트 워크로드에 '{what}' 경우가 너무 적습니다: "
+                                     f"{coverage}")

@@ -64,13 +64,17 @@ def run(beam_step_blocks, seed: int, block_size: int, prompt_len: int, width: in
         case = (f"step {step}: tables {tables}, {num_tokens} tokens each in blocks of "
                 f"{block_size}, parents {parents}")
         assert isinstance(got, tuple) and len(got) == 3, (
-            f"return (freed, copied, new_blocks), got {got!r}")
+            f"return (freed, copied, new_blocks), got {got!r}"
+            f"\n(freed, copied, new_blocks)를 돌려주세요. 받은 값: {got!r}")
         assert list(got[0]) == freed, (
-            f"freed: you say {list(got[0])}, the pool freed {freed}; {case}")
+            f"freed: you say {list(got[0])}, the pool freed {freed}; {case}"
+            f"\nfreed: 여러분의 답 {list(got[0])}, 풀이 해제한 블록 {freed}; {case}")
         assert list(got[1]) == copied, (
-            f"copied: you say {list(got[1])}, append_slot copied {copied}; {case}")
+            f"copied: you say {list(got[1])}, append_slot copied {copied}; {case}"
+            f"\ncopied: 여러분의 답 {list(got[1])}, append_slot이 복사한 블록 {copied}; {case}")
         assert got[2] == new_blocks, (
-            f"new_blocks: you say {got[2]}, the appends took {new_blocks} blocks; {case}")
+            f"new_blocks: you say {got[2]}, the appends took {new_blocks} blocks; {case}"
+            f"\nnew_blocks: 여러분의 답 {got[2]}, append가 가져간 블록 {new_blocks}개; {case}")
         seen["freed"] += len(freed)
         seen["copied"] += len(copied)
     return seen
@@ -80,14 +84,18 @@ def test_the_docstring_example(beam_step_blocks):
     got = beam_step_blocks([[0, 1, 2]], 10, 4, [0, 0, 0])
     assert tuple(got) == ([], [2, 2], 2), (
         f"got {got}: three new beams share block 2 (2 of 4 slots used); the first two to write "
-        "copy it, the third writes into the original")
+        "copy it, the third writes into the original"
+        f"\n결과 {got}: 새 빔 셋이 블록 2(슬롯 4개 중 2개 사용)를 공유합니다. 먼저 쓰는 둘은 그 "
+        "블록을 복사하고, 세 번째는 원본에 씁니다")
 
 
 def test_a_full_last_block_is_never_copied(beam_step_blocks):
     got = beam_step_blocks([[0, 1, 3], [0, 1, 4]], 12, 4, [1, 1])
     assert tuple(got) == ([3], [], 2), (
         f"got {got}: beam 0 has no child, so its own block 3 is freed; both children of beam 1 "
-        "find its last block full and take a fresh block each")
+        "find its last block full and take a fresh block each"
+        f"\n결과 {got}: 빔 0은 자식이 없으므로 그 빔만의 블록 3이 해제됩니다. 빔 1의 두 자식은 "
+        "마지막 블록이 가득 찬 것을 보고 각자 새 블록을 하나씩 받습니다")
 
 
 @pytest.mark.parametrize("block_size, prompt_len, width", [

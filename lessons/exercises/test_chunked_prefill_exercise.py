@@ -44,12 +44,14 @@ def run(chunked_step, seed: int, budget: int, max_num_seqs: int, coverage: Count
                    for g in sorted(scheduler.running, key=lambda g: g.arrival)]
         waiting = [(g.request_id, g.seqs[0].num_uncomputed_tokens) for g in scheduler.waiting]
         out = scheduler.schedule()
-        assert not out.preempted, "the test's pool is too small: nothing should be preempted"
+        assert not out.preempted, ("the test's pool is too small: nothing should be preempted"
+                                   "\n테스트의 풀이 너무 작습니다: 아무것도 선점되면 안 됩니다")
         real = {item.group.request_id: item.num_tokens for item in out.scheduled}
         got = chunked_step(running, waiting, budget, max_num_seqs)
         case = (f"step {step}: running {running}, waiting {waiting}, max_num_batched_tokens "
                 f"{budget}, max_num_seqs {max_num_seqs}")
-        assert got == real, f"you scheduled {got}, the scheduler scheduled {real}; {case}"
+        assert got == real, (f"you scheduled {got}, the scheduler scheduled {real}; {case}"
+                             f"\n여러분의 스케줄 {got}, 스케줄러의 스케줄 {real}; {case}")
         coverage["chunks cut short"] += sum(
             real.get(r, 0) < n for r, n in running + waiting if r in real)
         coverage["decodes beside a chunk"] += any(n == 1 for r, n in running if r in real) and (
@@ -64,18 +66,22 @@ def run(chunked_step, seed: int, budget: int, max_num_seqs: int, coverage: Count
 def test_the_docstring_example(chunked_step):
     got = chunked_step([("a", 1), ("b", 1)], [("c", 100)], 32, 8)
     assert got == {"a": 1, "b": 1, "c": 30}, (
-        f"got {got}: the decodes take 2 tokens, the new prompt starts with a 30-token chunk")
+        f"got {got}: the decodes take 2 tokens, the new prompt starts with a 30-token chunk"
+        f"\n결과 {got}: 디코드가 토큰 2개를 쓰고, 새 프롬프트는 30토큰짜리 청크로 시작합니다")
 
 
 def test_a_running_chunk_goes_before_new_prompts(chunked_step):
     got = chunked_step([("a", 1), ("b", 50)], [("c", 4)], 32, 8)
     assert got == {"a": 1, "b": 31}, (
-        f"got {got}: b's prompt continues with what is left (31), nothing is left for c")
+        f"got {got}: b's prompt continues with what is left (31), nothing is left for c"
+        f"\n결과 {got}: b의 프롬프트는 남은 예산(31)만큼 이어 가고, c에게는 남는 것이 없습니다")
 
 
 def test_the_sequence_limit(chunked_step):
     got = chunked_step([("a", 1), ("b", 1)], [("c", 4), ("d", 4)], 32, 3)
-    assert got == {"a": 1, "b": 1, "c": 4}, f"got {got}: max_num_seqs 3 leaves room for c only"
+    assert got == {"a": 1, "b": 1, "c": 4}, (f"got {got}: max_num_seqs 3 leaves room for c only"
+                                             f"\n결과 {got}: max_num_seqs 3이면 c의 자리만 "
+                                             "남습니다")
 
 
 @pytest.mark.parametrize("budget, max_num_seqs", [(32, 8), (8, 4), (16, 16), (5, 8), (64, 3)])
@@ -84,4 +90,6 @@ def test_matches_the_scheduler(chunked_step, budget, max_num_seqs):
     for seed in range(3):
         run(chunked_step, seed, budget, max_num_seqs, coverage)
     for what in ["chunks cut short", "decodes beside a chunk"]:  # the workload tried the rules
-        assert coverage[what] >= 3, f"the test's workload has too few {what}: {coverage}"
+        assert coverage[what] >= 3, (f"the test's workload has too few {what}: {coverage}"
+                                     f"\n테스트 워크로드에 '{what}' 경우가 너무 적습니다: "
+                                     f"{coverage}")

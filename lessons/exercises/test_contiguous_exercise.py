@@ -69,7 +69,9 @@ def test_place_the_docstring_example(impl):
                      ("alloc", "d", 2)])
     assert list(got) == [0, 4, None, 0], (
         f"got {got}: after a leaves, the gaps are 4 slots at 0 and 3 at 7; c (5) fits neither, "
-        "d (2) takes the first")
+        "d (2) takes the first"
+        f"\n결과 {got}: a가 떠나면 빈 구간은 0의 4슬롯과 7의 3슬롯입니다. c(5)는 어디에도 "
+        "들어가지 않고, d(2)는 첫 구간에 들어갑니다")
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -84,12 +86,17 @@ def test_place_matches_the_allocator(impl, seed, policy, total_slots, max_len):
         if event[0] == "alloc":
             starts.append(allocator.slab(event[1])[0] if allocator.holds(event[1]) else None)
     got = list(place(total_slots, events))
-    assert len(got) == len(starts), f"{len(got)} results for {len(starts)} alloc events"
+    assert len(got) == len(starts), (f"{len(got)} results for {len(starts)} alloc events"
+                                     f"\nalloc 사건 {len(starts)}개에 결과 {len(got)}개")
     for n, (mine, real) in enumerate(zip(got, starts, strict=True)):
         assert mine == real, (
             f"alloc event {n} ({[e for e in events if e[0] == 'alloc'][n]}): you place it at "
-            f"{mine}, first fit places it at {real} (policy {policy}, {total_slots} slots)")
-    assert None in starts and len(set(starts)) > 3, "the workload should place and refuse slabs"
+            f"{mine}, first fit places it at {real} (policy {policy}, {total_slots} slots)"
+            f"\nalloc 사건 {n} ({[e for e in events if e[0] == 'alloc'][n]}): 여러분은 {mine}에 "
+            f"놓았고, 최초 적합은 {real}에 놓습니다(정책 {policy}, 슬롯 {total_slots}개)")
+    assert None in starts and len(set(starts)) > 3, ("the workload should place and refuse slabs"
+                                                     "\n워크로드가 슬랩을 놓기도 하고 거부하기도 "
+                                                     "해야 합니다")
 
 
 def test_accounting_the_docstring_example(impl):
@@ -97,9 +104,12 @@ def test_accounting_the_docstring_example(impl):
     got = tuple(accounting(20, [(10, 6, 6, 6), (0, 8, 3, 5)], 3))
     assert got == (9, 2, 3, 2, 4), (
         f"got {got}: 3 + 6 tokens now, 2 slots still to fill, 3 never used; the gap of 2 at 8 is "
-        "too small for the next request (3), the gap of 4 at 16 is not")
+        "too small for the next request (3), the gap of 4 at 16 is not"
+        f"\n결과 {got}: 지금 토큰 3 + 6개, 아직 채울 슬롯 2개, 끝내 쓰이지 않을 슬롯 3개. 8의 빈 "
+        "구간 2는 다음 요청(3)에 너무 작고, 16의 빈 구간 4는 그렇지 않습니다")
     assert tuple(accounting(20, [(10, 6, 6, 6), (0, 8, 3, 5)], None))[3:] == (0, 6), (
-        "with nobody waiting, no free slot is wasted yet: all 6 are free")
+        "with nobody waiting, no free slot is wasted yet: all 6 are free"
+        "\n기다리는 요청이 없으면 아직 낭비되는 빈 슬롯은 없습니다: 6개 모두 가용입니다")
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -119,6 +129,9 @@ def test_accounting_matches_the_allocator(impl, seed, policy, total_slots, max_l
             for part, mine, theirs in zip(PARTS, got, want, strict=True):
                 assert mine == theirs, (
                     f"{part}: you count {mine}, the allocator {theirs}, after {event}; slabs "
-                    f"{sorted(slabs)}, {total_slots} slots, next request needs {need}")
+                    f"{sorted(slabs)}, {total_slots} slots, next request needs {need}"
+                    f"\n{part}: 여러분 {mine}, 할당기 {theirs}, 사건 {event} 뒤; 슬랩 "
+                    f"{sorted(slabs)}, 슬롯 {total_slots}개, 다음 요청에 필요한 슬롯 {need}")
             external_seen += real.external > 0
-    assert external_seen > 0, "the workload should leave some gaps too small for the next request"
+    assert external_seen > 0, ("the workload should leave some gaps too small for the next request"
+                               "\n워크로드가 다음 요청에 너무 작은 빈 구간을 몇 개 남겨야 합니다")

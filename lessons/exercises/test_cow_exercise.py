@@ -60,8 +60,10 @@ def test_the_figure_of_lesson_7(impl):
     with_sharing = use(impl, "blocks_with_sharing")
     without = use(impl, "blocks_without_sharing")
     # A 10-token prompt in blocks of 4: blocks 0 and 1 full and shared, block 2 holds 2 tokens.
-    assert without(10, [8, 8, 8], 4) == 15, "each sample: 18 tokens in 5 blocks"
-    assert with_sharing(10, [8, 8, 8], 4) == 11, "2 shared blocks + 3 samples x 3 blocks"
+    assert without(10, [8, 8, 8], 4) == 15, ("each sample: 18 tokens in 5 blocks"
+                                             "\n샘플마다: 블록 5개에 토큰 18개")
+    assert with_sharing(10, [8, 8, 8], 4) == 11, ("2 shared blocks + 3 samples x 3 blocks"
+                                                  "\n공유 블록 2개 + 샘플 3개 x 블록 3개")
 
 
 CASES = [
@@ -83,9 +85,13 @@ def test_matches_the_block_manager(impl, prompt_len, output_lens, block_size):
     without = use(impl, "blocks_without_sharing")
     case = f"prompt {prompt_len}, outputs {output_lens}, block_size {block_size}"
     assert without(prompt_len, output_lens, block_size) == run_manager(
-        prompt_len, output_lens, block_size, shared=False), f"without sharing: {case}"
+        prompt_len, output_lens, block_size, shared=False), (
+        f"without sharing: {case}"
+        f"\n공유 없이: {case}")
     assert with_sharing(prompt_len, output_lens, block_size) == run_manager(
-        prompt_len, output_lens, block_size, shared=True), f"with sharing: {case}"
+        prompt_len, output_lens, block_size, shared=True), (
+        f"with sharing: {case}"
+        f"\n공유할 때: {case}")
 
 
 def test_random_requests(impl):

@@ -38,13 +38,16 @@ def test_bytes_per_token_matches_the_calculator(impl, preset, dtype):
 def test_bytes_per_token_examples(impl):
     fn = use(impl, "kv_bytes_per_token")
     assert fn(32, 32, 128, 2) == 512 * 1024, "Llama-2-7B (MHA): 512 KiB"
-    assert fn(32, 8, 128, 2) == 128 * 1024, "Llama-3-8B (GQA, 8 K/V heads): 128 KiB"
-    assert fn(32, 1, 128, 2) == 16 * 1024, "one K/V head (MQA): 16 KiB"
+    assert fn(32, 8, 128, 2) == 128 * 1024, ("Llama-3-8B (GQA, 8 K/V heads): 128 KiB"
+                                             "\nLlama-3-8B (GQA, K/V 헤드 8개): 128 KiB")
+    assert fn(32, 1, 128, 2) == 16 * 1024, ("one K/V head (MQA): 16 KiB"
+                                            "\nK/V 헤드 하나(MQA): 16 KiB")
 
 
 def test_mla_deepseek_v2(impl):
     fn = use(impl, "mla_bytes_per_token")
-    assert fn(60, 512, 64, 2) == 69_120, "DeepSeek-V2: 60 layers x (512 + 64) x 2 bytes"
+    assert fn(60, 512, 64, 2) == 69_120, ("DeepSeek-V2: 60 layers x (512 + 64) x 2 bytes"
+                                          "\nDeepSeek-V2: 레이어 60개 x (512 + 64) x 2바이트")
     assert fn(1, 512, 64, 1) == 576
     # The latent replaces K and V together: less than two K/V heads of 128 in a layer
     kv = use(impl, "kv_bytes_per_token")
@@ -63,7 +66,8 @@ def test_grouped_decode_matches_reference(impl, heads, kv_heads, monkeypatch):
     want = causal_attention(q[None], k, v, positions[-1:], positions, d ** -0.5)[0]
 
     def forbidden(*args, **kwargs):
-        raise AssertionError("K/V copied once per query head: use the groups instead")
+        raise AssertionError("K/V copied once per query head: use the groups instead"
+                             "\nK/V를 쿼리 헤드마다 한 번씩 복사했습니다: 대신 그룹을 쓰세요")
     monkeypatch.setattr(torch, "repeat_interleave", forbidden)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
     monkeypatch.setattr(torch.Tensor, "repeat", forbidden)
@@ -89,4 +93,6 @@ def test_read_savings(impl):
     assert fn(4096, 32, 8, 128, 2, grouped=False) == 64 * 2**20
     for heads, kv_heads in [(32, 32), (32, 8), (32, 1), (64, 8)]:
         ratio = fn(100, heads, kv_heads, 64, 2, False) / fn(100, heads, kv_heads, 64, 2, True)
-        assert ratio == heads // kv_heads, "grouping divides the reads by the group size"
+        assert ratio == heads // kv_heads, ("grouping divides the reads by the group size"
+                                            "\n그룹으로 묶으면 읽는 양이 그룹 크기분의 1로 "
+                                            "줄어듭니다")

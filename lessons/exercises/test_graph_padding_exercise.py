@@ -73,8 +73,11 @@ def metadata(step: dict) -> AttentionMetadata:
 def test_graph_size_examples(impl):
     graph_size = use(impl, "graph_size")
     assert graph_size(5, [1, 2, 4, 8, 16]) == 8
-    assert graph_size(16, [1, 2, 4, 8, 16]) == 16, "a batch of a captured size is not padded"
-    assert graph_size(17, [1, 2, 4, 8, 16]) is None, "no graph holds 17: run eagerly"
+    assert graph_size(16, [1, 2, 4, 8, 16]) == 16, ("a batch of a captured size is not padded"
+                                                    "\n캡처된 크기의 배치는 패딩하지 않습니다")
+    assert graph_size(17, [1, 2, 4, 8, 16]) is None, ("no graph holds 17: run eagerly"
+                                                      "\n17을 담는 그래프가 없습니다: eager로 "
+                                                      "실행합니다")
     assert graph_size(1, [1, 2, 4, 8, 16]) == 1
     assert graph_size(3, []) is None
 
@@ -90,7 +93,9 @@ def test_graph_size_is_the_runners(impl, tiny_llama, max_num_seqs):
             expected = next(b for b in runner.graph_sizes if b >= batch)
         else:  # larger than every captured size (6 sequences, graphs of 1, 2 and 4): eager
             expected = None
-        assert graph_size(batch, runner.graph_sizes) == expected, f"batch {batch}"
+        assert graph_size(batch, runner.graph_sizes) == expected, (
+            f"batch {batch}"
+            f"\n배치 {batch}")
     assert graph_size(GRAPH_BATCH_SIZES[-1] + 1, list(GRAPH_BATCH_SIZES)) is None
 
 
@@ -166,7 +171,8 @@ def test_padding_changes_nothing(impl, model, backend, captured):
     padded_caches = fresh()
     padded = run_step(model, padded_step, padded_caches, backend)  # [size, vocab]
     assert padded.shape[0] == size
-    torch.testing.assert_close(padded[:3], plain, msg="the real rows' logits changed")
+    torch.testing.assert_close(padded[:3], plain, msg=("the real rows' logits changed"
+                                                       "\n실제 행의 로짓이 바뀌었습니다"))
     written = torch.zeros(NUM_BLOCKS * BLOCK_SIZE, dtype=torch.bool)
     written[STEP["slot_mapping"]] = True
     caches = zip(before, padded_caches, plain_caches, strict=True)
@@ -175,5 +181,6 @@ def test_padding_changes_nothing(impl, model, backend, captured):
             flat_old = old[layer].flatten(0, 1)
             flat_new = new[layer].flatten(0, 1)
             assert torch.equal(flat_new[~written], flat_old[~written]), (
-                f"{'KV'[kind]} cache of layer {layer}: a padding row wrote a slot")
+                f"{'KV'[kind]} cache of layer {layer}: a padding row wrote a slot"
+                f"\n레이어 {layer}의 {'KV'[kind]} 캐시: 패딩 행이 슬롯에 썼습니다")
             torch.testing.assert_close(new[layer], reference[layer])

@@ -47,14 +47,17 @@ def test_store_then_fetch(cache_class):
     v = torch.randn(4, 2, 4)
     for layer in range(2):
         keys, values, key_pos = cache.store_and_fetch(layer, torch.arange(3), k[:3], v[:3])
-        assert keys.shape == (3, 2, 4), "prefill: return the 3 stored rows, not the reservation"
+        assert keys.shape == (3, 2, 4), ("prefill: return the 3 stored rows, not the reservation"
+                                         "\n프리필: 예약 공간 전체가 아니라 저장된 행 3개를 "
+                                         "돌려주세요")
         torch.testing.assert_close(keys, k[:3])
         torch.testing.assert_close(values, v[:3])
         assert key_pos.tolist() == [0, 1, 2]
     assert cache.num_cached_tokens == 3
     for layer in range(2):
         keys, values, key_pos = cache.store_and_fetch(layer, torch.tensor([3]), k[3:], v[3:])
-        torch.testing.assert_close(keys, k, msg="decode: the stored prefix plus the new row")
+        torch.testing.assert_close(keys, k, msg=("decode: the stored prefix plus the new row"
+                                                 "\n디코드: 저장된 프리픽스에 새 행을 더한 것"))
         torch.testing.assert_close(values, v)
         assert key_pos.tolist() == [0, 1, 2, 3]
     assert cache.num_cached_tokens == 4
@@ -86,8 +89,13 @@ def test_same_tokens_as_no_cache(cache_class, model, monkeypatch):
     got = generate(model, PROMPT, NEW_TOKENS, cache="contiguous")
 
     assert len(made) == 1
-    assert got == expected, "the cache changed the generated tokens"
+    assert got == expected, ("the cache changed the generated tokens"
+                             "\n캐시가 생성된 토큰을 바꿨습니다")
     # The last generated token is never fed back, so prompt + 23 tokens end up stored.
-    assert made[0].num_cached_tokens == len(PROMPT) + NEW_TOKENS - 1, \
+    assert made[0].num_cached_tokens == len(PROMPT) + NEW_TOKENS - 1, (
         "num_cached_tokens must count the tokens stored (generate feeds tokens[num_cached:])"
-    assert fed == [len(PROMPT)] + [1] * (NEW_TOKENS - 1), "prefill once, then one token a step"
+        "\nnum_cached_tokens는 저장된 토큰을 세야 합니다(generate는 tokens[num_cached:]를 "
+        "넣습니다)")
+    assert fed == [len(PROMPT)] + [1] * (NEW_TOKENS - 1), (
+        "prefill once, then one token a step"
+        "\n프리필 한 번, 그다음 스텝마다 토큰 하나")

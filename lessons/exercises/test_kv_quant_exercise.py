@@ -58,15 +58,19 @@ def rows(head_dim: int = 16) -> torch.Tensor:
 def test_int8_round_trip_is_off_by_at_most_half_a_step(quantize, dequantize):
     x = rows()
     data, scale = quantize(x, "int8")
-    assert data.dtype == torch.int8 and data.shape == x.shape, "int8 stores int8 [..., head_dim]"
-    assert scale.dtype == torch.bfloat16 and scale.shape == x.shape[:-1], \
+    assert data.dtype == torch.int8 and data.shape == x.shape, (
+        "int8 stores int8 [..., head_dim]"
+        "\nint8은 int8 [..., head_dim]으로 저장합니다")
+    assert scale.dtype == torch.bfloat16 and scale.shape == x.shape[:-1], (
         "one bfloat16 scale per row"
+        "\n행마다 bfloat16 스케일 하나")
     back = dequantize(data, scale, "int8", torch.float32)
     assert back.shape == x.shape and back.dtype == torch.float32
     s = scale.float()[..., None]
     assert torch.all((x - back).abs() <= s / 2 * (1 + 2**-20)), "|x - x_hat| > s / 2"
     amax = x.abs().amax(-1)
-    assert torch.all(scale[amax == 0] == 1), "a row of zeros takes the scale 1"
+    assert torch.all(scale[amax == 0] == 1), ("a row of zeros takes the scale 1"
+                                              "\n0만 있는 행의 스케일은 1입니다")
     # The stored scale is amax / 127 rounded to bfloat16: within bfloat16's rounding of it.
     nonzero = amax > 0
     exact = amax[nonzero] / 127
@@ -76,22 +80,31 @@ def test_int8_round_trip_is_off_by_at_most_half_a_step(quantize, dequantize):
 def test_int4_round_trip_is_off_by_at_most_half_a_step(quantize, dequantize):
     x = rows()
     data, scales = quantize(x, "int4")
-    assert data.dtype == torch.uint8 and data.shape == (*x.shape[:-1], 8), \
+    assert data.dtype == torch.uint8 and data.shape == (*x.shape[:-1], 8), (
         "int4 stores uint8 [..., head_dim / 2]: two values per byte"
-    assert scales.dtype == torch.bfloat16 and scales.shape == (*x.shape[:-1], 2), \
+        "\nint4는 uint8 [..., head_dim / 2]로 저장합니다: 바이트당 값 두 개")
+    assert scales.dtype == torch.bfloat16 and scales.shape == (*x.shape[:-1], 2), (
         "a bfloat16 (scale, zero) per row: scales [..., 2]"
+        "\n행마다 bfloat16 (scale, zero) 하나: scales [..., 2]")
     back = dequantize(data, scales, "int4", torch.float32)
     assert back.shape == x.shape and back.dtype == torch.float32
     s, z = (t[..., None] for t in scales.float().unbind(-1))
     low = x.amin(-1, keepdim=True)
     span = x.amax(-1, keepdim=True) - low
-    assert torch.all((z - low).abs() <= low.abs() * 2**-8 + 2**-133), "the zero is the row's min"
-    assert torch.all(s[span == 0] == 1), "a row of equal values takes the scale 1"
+    assert torch.all((z - low).abs() <= low.abs() * 2**-8 + 2**-133), (
+        "the zero is the row's min"
+        "\n영점은 행의 최솟값입니다")
+    assert torch.all(s[span == 0] == 1), ("a row of equal values takes the scale 1"
+                                          "\n값이 모두 같은 행의 스케일은 1입니다")
     nonzero = span > 0
     exact = span[nonzero] / 15
-    assert torch.all((s[nonzero] - exact).abs() <= exact * 2**-8), "the scale is (max - min) / 15"
+    assert torch.all((s[nonzero] - exact).abs() <= exact * 2**-8), (
+        "the scale is (max - min) / 15"
+        "\n스케일은 (max - min) / 15입니다")
     bound = s / 2 + (low.abs() + 15 * s) * 2**-7 + 2**-133
-    assert torch.all((x - back).abs() <= bound * (1 + 2**-20)), "|x - x_hat| > half a step"
+    assert torch.all((x - back).abs() <= bound * (1 + 2**-20)), (
+        "|x - x_hat| > half a step"
+        "\n|x - x_hat| > 반 간격")
 
 
 def test_rounding_is_half_up_and_int4_packs_the_halves(quantize):
@@ -99,8 +112,9 @@ def test_rounding_is_half_up_and_int4_packs_the_halves(quantize):
     x8 = torch.tensor([[[127.0, 2.5, -2.5, 0.5, -0.5, 1.5, 0.0, -127.0]]])
     data, scale = quantize(x8, "int8")
     assert scale.item() == 1.0
-    assert data.tolist() == [[[127, 3, -2, 1, 0, 2, 0, -127]]], \
+    assert data.tolist() == [[[127, 3, -2, 1, 0, 2, 0, -127]]], (
         "round half up: floor(x / s + 0.5) (torch.round gives 2.5 -> 2)"
+        "\n0.5는 올림: floor(x / s + 0.5) (torch.round는 2.5 -> 2를 줍니다)")
     # min -7, max 8: the int4 scale is exactly 1 and the zero -7, so the levels are x + 7.
     x4 = torch.tensor([[[-7.0, 8.0, -4.5, -6.5, 0.5, -1.5, 2.0, 3.0]]])
     data, scales = quantize(x4, "int4")
@@ -108,8 +122,9 @@ def test_rounding_is_half_up_and_int4_packs_the_halves(quantize):
     assert data.dtype == torch.uint8 and data.shape == (1, 1, 4)
     # levels 0, 15, 3, 1 | 8, 6, 9, 10 (2.5 -> 3, 0.5 -> 1, 7.5 -> 8, 5.5 -> 6): the first half
     # in the low nibbles, the second half in the high ones
-    assert data.tolist() == [[[0 | 8 << 4, 15 | 6 << 4, 3 | 9 << 4, 1 | 10 << 4]]], \
+    assert data.tolist() == [[[0 | 8 << 4, 15 | 6 << 4, 3 | 9 << 4, 1 | 10 << 4]]], (
         "byte j: level j in the low 4 bits, level j + head_dim/2 in the high 4, half up"
+        "\n바이트 j: 하위 4비트에 단계 j, 상위 4비트에 단계 j + head_dim/2, 0.5는 올림")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -119,8 +134,10 @@ def test_your_bytes_are_the_references(quantize, dequantize, name, dtype):
     x = (torch.randn(37, 3, 64, generator=g) * torch.rand(37, 3, 1, generator=g) * 8).to(dtype)
     data, scale = quantize(x, name)
     want_data, want_scale = quantize_kv(x, name)
-    assert torch.equal(scale, want_scale), "scales differ from the reference's"
-    assert torch.equal(data, want_data), "stored values differ from the reference's"
+    assert torch.equal(scale, want_scale), ("scales differ from the reference's"
+                                            "\n스케일이 레퍼런스와 다릅니다")
+    assert torch.equal(data, want_data), ("stored values differ from the reference's"
+                                          "\n저장된 값이 레퍼런스와 다릅니다")
     torch.testing.assert_close(dequantize(want_data, want_scale, name, dtype),
                                dequantize_kv(want_data, want_scale, name, dtype), rtol=0, atol=0)
 
@@ -191,8 +208,10 @@ def test_paged_attention_over_your_cache_is_the_references(quantize, dequantize,
     # Your bytes, read by the engine's attention (its dequantize)...
     got = paged_attention(q, ours.gpu_k[0], ours.gpu_v[0], *args, *ours.quant.args(0))
     torch.testing.assert_close(got, want, rtol=0, atol=0,
-                               msg="attention over your stored cache differs")
+                               msg=("attention over your stored cache differs"
+                                    "\n여러분이 저장한 캐시 위의 어텐션이 다릅니다"))
     # ... and the reference's bytes, read with your dequantize.
     got = attend_with(dequantize, name, q, theirs, tables, starts)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6,
-                               msg="attention read through your dequantize differs")
+                               msg=("attention read through your dequantize differs"
+                                    "\n여러분의 dequantize로 읽은 어텐션이 다릅니다"))

@@ -68,9 +68,11 @@ def test_matches_reference(attend, block_size, heads, kv_heads):
         got = attend(q, k_cache, v_cache, table, n, head_dim ** -0.5)
         want = reference(q, k_cache, v_cache, table, n, head_dim ** -0.5)
         assert got.shape == (heads, head_dim)
-        assert not torch.isnan(got).any(), f"seq_len {n}: a NaN slot was read"
+        assert not torch.isnan(got).any(), (f"seq_len {n}: a NaN slot was read"
+                                            f"\nseq_len {n}: NaN 슬롯을 읽었습니다")
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5,
-                                   msg=f"seq_len {n}, block table {table}")
+                                   msg=(f"seq_len {n}, block table {table}"
+                                        f"\nseq_len {n}, 블록 테이블 {table}"))
 
 
 def test_one_token_is_its_value(attend):

@@ -30,8 +30,10 @@ def use(impl, function: str):
 
 def test_blocks_needed_seed_example(impl):
     blocks_needed = use(impl, "blocks_needed")
-    assert blocks_needed(3200, 512) == 7, "3200 tokens in blocks of 512: six full and one more"
-    assert blocks_needed(3200, 16) == 200, "3200 is a multiple of 16: no partial block"
+    assert blocks_needed(3200, 512) == 7, ("3200 tokens in blocks of 512: six full and one more"
+                                           "\n512칸 블록에 3200토큰: 가득 찬 블록 6개와 하나 더")
+    assert blocks_needed(3200, 16) == 200, ("3200 is a multiple of 16: no partial block"
+                                            "\n3200은 16의 배수입니다: 일부만 찬 블록이 없습니다")
     assert blocks_needed(0, 16) == 0
     assert blocks_needed(1, 16) == 1
     assert blocks_needed(16, 16) == 1
@@ -43,8 +45,9 @@ def test_blocks_needed_matches_the_manager(impl, block_size):
     blocks_needed = use(impl, "blocks_needed")
     manager = BlockSpaceManager(block_size, num_gpu_blocks=0)
     for num_tokens in range(0, 3 * block_size + 2):
-        assert blocks_needed(num_tokens, block_size) == manager.blocks_needed(num_tokens), \
+        assert blocks_needed(num_tokens, block_size) == manager.blocks_needed(num_tokens), (
             f"{num_tokens} tokens in blocks of {block_size}"
+            f"\n{block_size}칸 블록에 {num_tokens}토큰")
     big = 10**18 + 1  # integer arithmetic stays exact where float division would not
     assert blocks_needed(big, block_size) == manager.blocks_needed(big)
 
@@ -64,13 +67,15 @@ def check_against_manager(manager, slot_mapping, blocks_needed, rng):
         table = manager.block_table(seq_id)
         n = manager.num_tokens(seq_id)
         every = list(range(n))
-        assert slot_mapping(table, bs, every) == manager.slot_mapping(seq_id, every), \
+        assert slot_mapping(table, bs, every) == manager.slot_mapping(seq_id, every), (
             f"sequence {seq_id}, block table {table}, block_size {bs}"
+            f"\n시퀀스 {seq_id}, 블록 테이블 {table}, block_size {bs}")
         some = rng.sample(every, k=min(n, 5))  # any order: a mapping, not a range
         assert slot_mapping(table, bs, some) == manager.slot_mapping(seq_id, some)
         if blocks_needed is not None:
-            assert blocks_needed(n, bs) == len(table), \
+            assert blocks_needed(n, bs) == len(table), (
                 f"{n} tokens: the manager holds {len(table)} blocks of {bs}"
+                f"\n토큰 {n}개: 관리자는 {bs}칸 블록 {len(table)}개를 가집니다")
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])

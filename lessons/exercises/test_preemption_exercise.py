@@ -71,10 +71,12 @@ def run(decode_step, seed: int, mode: str, block_size: int, num_gpu_blocks: int,
             got = decode_step(running, free, free_cpu, block_size, mode)
             case = (f"step {step}: running {running}, {free} free GPU blocks and {free_cpu} "
                     f"free CPU blocks of {block_size}, mode {mode!r}")
-            assert isinstance(got, dict), f"decode_step returned {got!r}, not a dict"
+            assert isinstance(got, dict), (f"decode_step returned {got!r}, not a dict"
+                                           f"\ndecode_step의 반환값이 dict가 아닙니다: {got!r}")
             for key, value in real.items():
                 assert got.get(key) == value, (
-                    f"{key}: you say {got.get(key)!r}, the scheduler did {value!r}; {case}")
+                    f"{key}: you say {got.get(key)!r}, the scheduler did {value!r}; {case}"
+                    f"\n{key}: 여러분의 답 {got.get(key)!r}, 스케줄러가 한 일 {value!r}; {case}")
             coverage["steps"] += 1
             coverage["swapped"] += len(real["swapped"])
             coverage["recomputed"] += len(real["recomputed"])
@@ -85,24 +87,31 @@ def run(decode_step, seed: int, mode: str, block_size: int, num_gpu_blocks: int,
 def test_the_docstring_example(decode_step):
     got = decode_step([("a", 8), ("b", 5)], 0, 0, 4, "recompute")
     assert got.get("decoded") == ["a"] and got.get("recomputed") == ["b"], (
-        f"got {got}: a needs a block, b arrived later and gives way")
-    assert got.get("free_blocks") == 1, f"got {got}: b's 2 blocks are freed, a takes one"
+        f"got {got}: a needs a block, b arrived later and gives way"
+        f"\n결과 {got}: a에게 블록이 필요하고, 더 늦게 도착한 b가 자리를 내줍니다")
+    assert got.get("free_blocks") == 1, (f"got {got}: b's 2 blocks are freed, a takes one"
+                                         f"\n결과 {got}: b의 블록 2개가 해제되고, a가 그중 하나를 "
+                                         "가져갑니다")
     assert got.get("prefill_again") == {"b": 6}, (
-        f"got {got}: b prefills its 5 cached tokens and the token it sampled last")
+        f"got {got}: b prefills its 5 cached tokens and the token it sampled last"
+        f"\n결과 {got}: b는 캐시에 있던 토큰 5개와 마지막에 샘플링한 토큰을 프리필합니다")
 
 
 def test_the_earliest_arrival_preempts_itself(decode_step):
     got = decode_step([("a", 4)], 0, 10, 4, "swap")
     assert got.get("decoded") == [] and got.get("swapped") == ["a"], (
-        f"got {got}: nobody arrived after a, so a gives way itself (to the CPU pool)")
+        f"got {got}: nobody arrived after a, so a gives way itself (to the CPU pool)"
+        f"\n결과 {got}: a 뒤에 도착한 요청이 없으므로 a 자신이 자리를 내줍니다(CPU 풀로)")
     assert (got.get("free_blocks"), got.get("free_cpu_blocks")) == (1, 9), (
-        f"got {got}: a's one block moves to the CPU pool")
+        f"got {got}: a's one block moves to the CPU pool"
+        f"\n결과 {got}: a의 블록 하나가 CPU 풀로 옮겨 갑니다")
 
 
 def test_swap_falls_back_to_recompute(decode_step):
     got = decode_step([("a", 4), ("b", 9)], 0, 2, 4, "swap")
     assert got.get("recomputed") == ["b"] and got.get("swapped") == [], (
-        f"got {got}: b's 3 blocks do not fit the 2 free CPU blocks, so b is recomputed")
+        f"got {got}: b's 3 blocks do not fit the 2 free CPU blocks, so b is recomputed"
+        f"\n결과 {got}: b의 블록 3개가 빈 CPU 블록 2개에 들어가지 않으므로 b는 재계산됩니다")
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -115,4 +124,6 @@ def test_matches_the_scheduler(decode_step, mode):
     wanted = ["steps", "recomputed", "several victims"]
     wanted += ["swapped"] if mode == "swap" else []
     for what in wanted:  # the workload tried every rule
-        assert coverage[what] >= 3, f"the test's workload has too few {what}: {coverage}"
+        assert coverage[what] >= 3, (f"the test's workload has too few {what}: {coverage}"
+                                     f"\n테스트 워크로드에 '{what}' 경우가 너무 적습니다: "
+                                     f"{coverage}")

@@ -87,16 +87,20 @@ def check(replay, events, num_blocks: int, block_size: int) -> list:
     got = replay(events, num_blocks, block_size)
     assert len(got) == len(expected), (
         f"{len(got)} results for {len(expected)} admissions: one (block table, cached tokens) "
-        "per admission")
+        "per admission"
+        f"\n받아들이기 {len(expected)}번에 결과 {len(got)}개: 받아들일 때마다 (블록 테이블, "
+        "캐시된 토큰) 하나씩")
     admits = [e for e in events if e[0] == "admit"]
     for n, (mine, real, event) in enumerate(zip(got, expected, admits, strict=True)):
         blocks, cached, _ = real
         where = (f"admission {n} (request {event[1]!r}, {len(event[2])} tokens), pool of "
                  f"{num_blocks} blocks of {block_size}")
         assert mine[1] == cached, (
-            f"{where}: you reuse {mine[1]} cached tokens, the manager {cached}")
+            f"{where}: you reuse {mine[1]} cached tokens, the manager {cached}"
+            f"\n{where}: 재사용한 캐시된 토큰이 여러분은 {mine[1]}개, 관리자는 {cached}개")
         assert list(mine[0]) == blocks, (
-            f"{where}: your block table {list(mine[0])}, the manager's {blocks}")
+            f"{where}: your block table {list(mine[0])}, the manager's {blocks}"
+            f"\n{where}: 여러분의 블록 테이블 {list(mine[0])}, 관리자의 것 {blocks}")
     return expected
 
 
@@ -110,15 +114,20 @@ def test_chain_keys_match_the_manager(impl):
                                                     strict=True):
                 assert chain_keys(tokens, block_size) == keys, (
                     f"keys of {tokens} in blocks of {block_size}: yours differ from the "
-                    "manager's (block 0's parent is None; block i's parent is key i - 1)")
+                    "manager's (block 0's parent is None; block i's parent is key i - 1)"
+                    f"\n{block_size}칸 블록에 담긴 {tokens}의 키: 여러분의 키가 관리자의 것과 "
+                    "다릅니다(블록 0의 부모는 None, 블록 i의 부모는 키 i - 1)")
 
 
 def test_chain_keys_name_the_whole_prefix(impl):
     chain_keys = use(impl, "chain_keys")
     a, b = chain_keys([1, 2, 3, 4, 5, 6, 7, 8, 9], 4), chain_keys([0, 2, 3, 4, 5, 6, 7, 8], 4)
-    assert len(a) == 2, f"9 tokens in blocks of 4: 2 full blocks, so 2 keys, got {len(a)}"
-    assert a[1] != b[1], "block 1 holds the same tokens, but after a different block 0"
-    assert chain_keys([1, 2, 3], 4) == [], "a partly filled block has no key"
+    assert len(a) == 2, (f"9 tokens in blocks of 4: 2 full blocks, so 2 keys, got {len(a)}"
+                         f"\n4칸 블록에 9토큰: 가득 찬 블록 2개이므로 키 2개, 결과 {len(a)}개")
+    assert a[1] != b[1], ("block 1 holds the same tokens, but after a different block 0"
+                          "\n블록 1은 같은 토큰을 담지만, 앞의 블록 0이 다릅니다")
+    assert chain_keys([1, 2, 3], 4) == [], ("a partly filled block has no key"
+                                            "\n일부만 찬 블록에는 키가 없습니다")
 
 
 def test_the_lesson_session(impl):
@@ -127,7 +136,8 @@ def test_the_lesson_session(impl):
     want = [([0, 1, 2, 3], 0), ([0, 1, 4], 8), ([5, 6, 7, 8, 9, 3, 2], 0), ([0, 1, 4, 2], 8)]
     for mine, (blocks, cached), who in zip(got, want, ["A", "B", "C", "A again"], strict=True):
         assert (list(mine[0]), mine[1]) == (blocks, cached), (
-            f"{who}: got {mine}, lesson 9's session gives {(blocks, cached)}")
+            f"{who}: got {mine}, lesson 9's session gives {(blocks, cached)}"
+            f"\n{who}: 결과 {mine}, 9강의 세션이 주는 값 {(blocks, cached)}")
     check(replay, lesson_session(), 10, 4)
 
 
@@ -137,7 +147,9 @@ def test_a_prompt_found_whole_computes_its_last_block(impl):
     got = replay([("admit", "A", prompt), ("free", "A"), ("admit", "B", prompt)], 6, 4)
     assert got[1][1] == 4, (
         f"got {got[1]}: an 8-token prompt of 2 full blocks reuses only block 0; the block "
-        "holding its last token is computed again")
+        "holding its last token is computed again"
+        f"\n결과 {got[1]}: 가득 찬 블록 2개로 된 8토큰 프롬프트는 블록 0만 재사용합니다. 마지막 "
+        "토큰을 담은 블록은 다시 계산합니다")
     check(replay, [("admit", "A", prompt), ("free", "A"), ("admit", "B", prompt)], 6, 4)
 
 
@@ -149,4 +161,5 @@ def test_matches_the_manager(impl, num_blocks, block_size):
     for seed in range(4):
         events = random_events(seed, num_blocks, block_size)
         hits += sum(cached > 0 for _, cached, _ in check(replay, events, num_blocks, block_size))
-    assert hits >= 5, f"the test's streams found too few cached prefixes ({hits})"
+    assert hits >= 5, (f"the test's streams found too few cached prefixes ({hits})"
+                       f"\n테스트의 스트림이 찾은 캐시된 프리픽스가 너무 적습니다({hits})")

@@ -46,25 +46,33 @@ def check_cut(top_k_top_p, logits, top_k, top_p):
     got = top_k_top_p(list(logits), top_k, top_p)
     want = reference_cut(logits, top_k, top_p)
     where = f"logits {[round(z, 3) for z in logits]}, top_k {top_k}, top_p {top_p}"
-    assert len(got) == len(want), f"{where}: return one probability per token, in vocab order"
+    assert len(got) == len(want), (f"{where}: return one probability per token, in vocab order"
+                                   f"\n{where}: 토큰마다 확률 하나를 어휘 순서대로 돌려주세요")
     kept_got = [i for i, p in enumerate(got) if p > 0]
     kept_want = [i for i, p in enumerate(want) if p > 0]
     assert kept_got == kept_want, (
         f"{where}: you kept tokens {kept_got}, the reference keeps {kept_want}. Ties survive or "
         "fall together: top_k keeps every logit >= the k-th largest, and top_p keeps a token "
         "when the mass of the tokens strictly more probable than it is below top_p (computed "
-        "on the distribution that top_k left).")
-    assert math.isclose(sum(got), 1.0, rel_tol=1e-9), f"{where}: renormalise (sum {sum(got)})"
+        "on the distribution that top_k left)."
+        f"\n{where}: 여러분이 남긴 토큰 {kept_got}, 레퍼런스가 남기는 토큰 {kept_want}. 동점은 "
+        "함께 살아남거나 함께 잘립니다: top_k는 k번째로 큰 값 이상인 로짓을 모두 남기고, top_p는 "
+        "어떤 토큰보다 확률이 엄격히 큰 토큰들의 질량이 top_p보다 작으면 그 토큰을 "
+        "남깁니다(top_k가 남긴 분포에서 계산합니다).")
+    assert math.isclose(sum(got), 1.0, rel_tol=1e-9), (f"{where}: renormalise (sum {sum(got)})"
+                                                       f"\n{where}: 재정규화하세요(합 {sum(got)})")
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12), \
+        assert math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12), (
             f"{where}: token {i} has probability {g}, the reference {w}"
+            f"\n{where}: 토큰 {i}의 확률이 여러분은 {g}, 레퍼런스는 {w}")
 
 
 def test_cut_worked_examples(impl):
     top_k_top_p = use(impl, "top_k_top_p")
     logits = [2.0, 1.0, 1.0, 0.0]
-    assert top_k_top_p(logits, -1, 1.0) == pytest.approx(reference_cut(logits, -1, 1.0)), \
+    assert top_k_top_p(logits, -1, 1.0) == pytest.approx(reference_cut(logits, -1, 1.0)), (
         "no cut: the plain softmax"
+        "\n잘라내기 없음: 그냥 소프트맥스")
     check_cut(top_k_top_p, logits, 1, 1.0)  # greedy-like: only the largest
     check_cut(top_k_top_p, logits, 2, 1.0)  # the tie at the k-th value: three tokens
     check_cut(top_k_top_p, logits, 4, 1.0)  # k = vocab: no cut
@@ -94,10 +102,15 @@ def test_cut_matches_the_reference(impl, seed):
 def test_race_worked_examples(impl):
     race = use(impl, "race")
     # E = -log U: token 0 arrives at 0.69 / 0.5 = 1.39, token 1 at 0.11 / 0.5 = 0.21.
-    assert race([0.5, 0.5], [0.5, 0.9]) == 1, "the largest p / E wins (E = -log U)"
-    assert race([0.9, 0.1], [0.5, 0.5]) == 0, "same waiting times: the more probable wins"
-    assert race([0.0, 1.0], [1 - 2**-53, 2**-53]) == 1, "a token of probability 0 never wins"
-    assert race([0.5, 0.5], [0.5, 0.5]) == 0, "an exact tie goes to the first index"
+    assert race([0.5, 0.5], [0.5, 0.9]) == 1, ("the largest p / E wins (E = -log U)"
+                                               "\np / E가 가장 큰 토큰이 이깁니다(E = -log U)")
+    assert race([0.9, 0.1], [0.5, 0.5]) == 0, ("same waiting times: the more probable wins"
+                                               "\n대기 시간이 같으면 확률이 더 큰 토큰이 이깁니다")
+    assert race([0.0, 1.0], [1 - 2**-53, 2**-53]) == 1, (
+        "a token of probability 0 never wins"
+        "\n확률 0인 토큰은 절대 이기지 않습니다")
+    assert race([0.5, 0.5], [0.5, 0.5]) == 0, ("an exact tie goes to the first index"
+                                               "\n정확한 동점이면 첫 인덱스가 이깁니다")
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -120,7 +133,10 @@ def test_race_matches_sample(impl, seed):
         assert got == want[r], (
             f"row {r} ({row}): you picked token {got}, the sampler token {want[r]} "
             f"(p / E: yours {probs[r, got] / -math.log(u[r, got]):.4f}, "
-            f"the sampler's {probs[r, want[r]] / -math.log(u[r, want[r]]):.4f})")
+            f"the sampler's {probs[r, want[r]] / -math.log(u[r, want[r]]):.4f})"
+            f"\n행 {r} ({row}): 여러분이 고른 토큰 {got}, 샘플러가 고른 토큰 {want[r]} (p / E: "
+            f"여러분 {probs[r, got] / -math.log(u[r, got]):.4f}, 샘플러 "
+            f"{probs[r, want[r]] / -math.log(u[r, want[r]]):.4f})")
 
 
 def test_race_follows_the_distribution(impl):
@@ -134,8 +150,9 @@ def test_race_follows_the_distribution(impl):
         counts[race(probs, [1.0 - rng.random() for _ in probs])] += 1  # U in (0, 1]
     for i, p in enumerate(probs):
         share = counts[i] / draws
-        assert abs(share - p) < 0.015, \
+        assert abs(share - p) < 0.015, (
             f"token {i} of probability {p} won {share:.3f} of {draws} races"
+            f"\n확률 {p}인 토큰 {i}의 승률: 경주 {draws}번 중 {share:.3f}")
 
 
 def test_cut_and_race_are_the_sampler(impl):
@@ -151,4 +168,6 @@ def test_cut_and_race_are_the_sampler(impl):
     for r, row in enumerate(rows):
         scaled = (logits[r] / torch.tensor(row.temperature)).tolist()  # float32, as sample does
         got = race(top_k_top_p(scaled, row.top_k, row.top_p), u[r].tolist())
-        assert got == want[r], f"row {r} ({row}): you drew token {got}, the sampler {want[r]}"
+        assert got == want[r], (f"row {r} ({row}): you drew token {got}, the sampler {want[r]}"
+                                f"\n행 {r} ({row}): 여러분이 뽑은 토큰 {got}, 샘플러가 뽑은 토큰 "
+                                f"{want[r]}")

@@ -43,7 +43,8 @@ def engine_runs():
                 reason = out.outputs[0].stop_reason
         runs.append((snapshots, max((len(s) for s in params.stop_strings), default=0)))
         stopped += isinstance(reason, str)
-    assert stopped >= 3, "stop strings should end most of these requests"
+    assert stopped >= 3, ("stop strings should end most of these requests"
+                          "\n이 요청들은 대부분 정지 문자열로 끝나야 합니다")
     return runs
 
 
@@ -56,10 +57,16 @@ def test_real_requests(stream_deltas, engine_runs):
     for snapshots, longest in engine_runs:
         deltas = stream_deltas(snapshots, longest)
         assert len(deltas) == len(snapshots)
-        assert "".join(deltas) == snapshots[-1], "the deltas must add up to the final text"
+        assert "".join(deltas) == snapshots[-1], ("the deltas must add up to the final text"
+                                                  "\n델타를 이어 붙이면 최종 텍스트가 되어야 "
+                                                  "합니다")
         sent = ""
         for k, (delta, text) in enumerate(zip(deltas, snapshots, strict=True)):
             sent += delta
-            assert snapshots[-1].startswith(sent), f"step {k}: sent text that was later cut"
+            assert snapshots[-1].startswith(sent), (f"step {k}: sent text that was later cut"
+                                                    f"\n스텝 {k}: 나중에 잘리는 텍스트를 "
+                                                    "보냈습니다")
             if k < len(snapshots) - 1:  # hold back no more than the stop string needs
-                assert len(sent) >= len(text) - max(longest - 1, 0), f"step {k}: held back"
+                assert len(sent) >= len(text) - max(longest - 1, 0), (
+                    f"step {k}: held back"
+                    f"\n스텝 {k}: 필요 이상으로 붙잡아 두었습니다")

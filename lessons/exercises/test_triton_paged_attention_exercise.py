@@ -96,7 +96,8 @@ def explain(got: torch.Tensor, want: torch.Tensor, b: Batch) -> str | None:
     block_size = b.k_arena.shape[1]
     heads, kv_heads = b.q.shape[1], b.k_arena.shape[2]
     if got.shape != want.shape:
-        return f"out has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        return (f"out has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+                f"\nout의 형태 {tuple(got.shape)}, 기대값 {tuple(want.shape)}")
     close = torch.isclose(got, want, atol=1e-5, rtol=1e-5).all(dim=-1)  # [B, heads]
     if close.all():
         return None
@@ -109,25 +110,40 @@ def explain(got: torch.Tensor, want: torch.Tensor, b: Batch) -> str | None:
         nan_slot = (f"a NaN slot was loaded: a slot at or past seq_len (the last block holds "
                     f"{n - (n - 1) // block_size * block_size} of {block_size}), a table entry "
                     f"past the last block, or an address outside the pool. Mask the loads "
-                    f"(other=0), not only the scores: 0 * NaN is NaN")
+                    f"(other=0), not only the scores: 0 * NaN is NaN"
+                    f"\nNaN 슬롯을 읽었습니다: seq_len 이후의 슬롯(마지막 블록에는 {block_size}칸 "
+                    f"중 {n - (n - 1) // block_size * block_size}칸이 찼습니다), 마지막 블록 뒤의 "
+                    "테이블 항목, 또는 풀 밖의 주소입니다. 점수만이 아니라 load도 "
+                    "마스킹하세요(other=0): 0 * NaN은 NaN입니다")
         keys = gather_kv(b.pools()[0], b.block_tables[seq], n)[:, head // (heads // kv_heads)]
         top = float((keys @ b.q[seq, head]).max() * b.scale)  # the largest score of the row
         if top > 80:
             return (f"{where}: not finite, with scores up to {top:.0f}. Either exp overflowed "
                     f"(float32's exp is inf past 88, and inf / inf is NaN: subtract the running "
-                    f"max before exp), or {nan_slot}")
+                    f"max before exp), or {nan_slot}"
+                    f"\n(또는 점수가 최대 {top:.0f}이므로 exp가 넘쳤을 수도 있습니다: float32의 "
+                    "exp는 88을 넘으면 inf이고 inf / inf는 NaN입니다. exp 전에 누적 최댓값을 "
+                    "빼세요)")
         return f"{where}: not finite: {nan_slot}"
     if (b.seq_lens <= block_size).any() and close[b.seq_lens <= block_size].all():
         hint = ("sequences within one block are right, longer ones wrong: each block's table "
-                "entry, and l and acc rescaled by exp(m_old - m_new) when the max rises?")
+                "entry, and l and acc rescaled by exp(m_old - m_new) when the max rises?"
+                "\n블록 하나에 드는 시퀀스는 맞고 더 긴 시퀀스는 틀립니다: 블록마다 테이블 항목을 "
+                "새로 읽었나요? 최댓값이 커질 때 l과 acc를 exp(m_old - m_new)로 다시 "
+                "스케일했나요?")
     elif heads != kv_heads and close[:, 0].all():
         hint = (f"query head 0 is right, head {head} wrong: query head h reads K/V head "
-                f"h // {heads // kv_heads} here")
+                f"h // {heads // kv_heads} here"
+                f"\n쿼리 헤드 0은 맞고 헤드 {head}는 틀립니다: 여기서 쿼리 헤드 h는 K/V 헤드 h // "
+                f"{heads // kv_heads}를 읽습니다")
     else:
         error = float((got[seq, head] - want[seq, head]).abs().max())
         hint = (f"max error {error:.3g}. Wrong keys or values read? Logical block i is "
                 f"block_tables[b * max_blocks + i]; its slot s, K/V head g, at row "
-                f"(block * BLOCK_SIZE + s) * num_kv_heads + g")
+                f"(block * BLOCK_SIZE + s) * num_kv_heads + g"
+                f"\n최대 오차 {error:.3g}. 잘못된 키나 값을 읽었나요? 논리 블록 i는 "
+                "block_tables[b * max_blocks + i]이고, 그 슬롯 s의 K/V 헤드 g는 행 (block * "
+                "BLOCK_SIZE + s) * num_kv_heads + g에 있습니다")
     return f"{where} differs from the reference: {hint}"
 
 
@@ -155,7 +171,8 @@ def test_one_key_is_its_value(decode):
     got = decode(b.q, k_cache, v_cache, b.block_tables, b.seq_lens, b.scale)
     value = v_cache[b.block_tables[0, 0], 0]  # [kv_heads, head_dim]
     torch.testing.assert_close(got[0], value.repeat_interleave(2, dim=0),
-                               msg="one key: out[b, h] must be v of K/V head h // group")
+                               msg=("one key: out[b, h] must be v of K/V head h // group"
+                                    "\n키 하나: out[b, h]는 K/V 헤드 h // group의 v여야 합니다"))
 
 
 def test_the_table_decides_the_order(decode):
@@ -172,7 +189,9 @@ def test_the_table_decides_the_order(decode):
     got = decode(b.q, k_cache, v_cache, b.block_tables, b.seq_lens, b.scale)
     torch.testing.assert_close(got[1], got[0], atol=1e-6, rtol=1e-6,
                                msg=f"blocks {first.tolist()} and {second.tolist()} hold the "
-                                   f"same tokens in that order, yet gave different outputs")
+                                   f"same tokens in that order, yet gave different outputs"
+                                   f"\n블록 {first.tolist()}, {second.tolist()}: 같은 토큰을 같은 "
+                                   "순서로 담는데도 다른 출력을 냈습니다")
     check(decode, b)
 
 

@@ -88,10 +88,13 @@ def explain(name, arena, want, c: Case, slots):
         last = int((~before.isnan()).flatten(1).any(1).nonzero().max()) - before.shape[0]
         hint = ("slot -1 taken as a slot: a padding row must store nothing" if last == -1
                 else "an address computed below the pool's start")
-        return f"{name}: your kernel wrote before the pool, at slot {last} ({hint})"
+        return (f"{name}: your kernel wrote before the pool, at slot {last} ({hint})"
+                f"\n{name}: 커널이 풀 앞, 슬롯 {last}에 썼습니다({hint})")
     if not after.isnan().all():
         return (f"{name}: your kernel wrote past the pool's end: element (slot, h, d) of the pool "
-                f"lies at (slot * kv_heads + h) * head_dim + d")
+                f"lies at (slot * kv_heads + h) * head_dim + d"
+                f"\n{name}: 커널이 풀의 끝을 넘어서 썼습니다: 풀의 원소 (slot, h, d)는 (slot * "
+                "kv_heads + h) * head_dim + d에 있습니다")
     flat_got, flat_want = pool.flatten(0, 1), want.flatten(0, 1)  # [slots, kv_heads, head_dim]
     for slot in range(flat_got.shape[0]):
         g = flat_got[slot]
@@ -103,25 +106,39 @@ def explain(name, arena, want, c: Case, slots):
                 for kind, x in rows.items():
                     if same(g, x[t]):
                         return (f"{where} holds padding token {t}'s {kind} row: a token with "
-                                f"slot -1 must store nothing")
+                                f"slot -1 must store nothing"
+                                f"\n{where}에 패딩 토큰 {t}의 {kind} 행이 들어 있습니다: 슬롯이 "
+                                "-1인 토큰은 아무것도 저장하면 안 됩니다")
             return (f"{where} belongs to no token and must stay NaN, but was written: a lane "
                     f"past kv_heads or head_dim not masked off, or an address off by some "
-                    f"rows? Element (slot, h, d) lies at (slot * kv_heads + h) * head_dim + d")
+                    f"rows? Element (slot, h, d) lies at (slot * kv_heads + h) * head_dim + d"
+                    f"\n{where}: 어느 토큰의 것도 아니어서 NaN으로 남아야 하는데 값이 쓰였습니다: "
+                    "kv_heads나 head_dim을 넘는 레인을 마스킹하지 않았거나, 주소가 몇 행 "
+                    "어긋났나요? 원소 (slot, h, d)는 (slot * kv_heads + h) * head_dim + d에 "
+                    "있습니다")
         t = owner[slot]
         if g.isnan().all():
-            return f"{where} should hold token {t}'s row and was never written"
+            return (f"{where} should hold token {t}'s row and was never written"
+                    f"\n{where}: 토큰 {t}의 행이 들어 있어야 하는데 한 번도 쓰이지 않았습니다")
         for u in range(c.k.shape[0]):
             for kind, x in rows.items():
                 if same(g, x[u]):
                     return (f"{where} should hold token {t}'s row, it holds token {u}'s {kind} "
-                            f"row (each of k and v read with its own strides?)")
+                            f"row (each of k and v read with its own strides?)"
+                            f"\n{where}: 토큰 {t}의 행이 들어 있어야 하는데 토큰 {u}의 {kind} "
+                            "행이 들어 있습니다(k와 v를 각자의 stride로 읽었나요?)")
         heads, dims = g.isnan().nonzero(as_tuple=True)
         if heads.numel():
             return (f"{where} (token {t}) is only partly written: NaN left at head "
                     f"{int(heads[0])}, element {int(dims[0])} (of {pool.shape[2]} heads x "
+                    f"{pool.shape[3]})"
+                    f"\n{where} (토큰 {t}): 일부만 쓰였습니다. 헤드 {int(heads[0])}, 원소 "
+                    f"{int(dims[0])}에 NaN이 남았습니다(전체: 헤드 {pool.shape[2]}개 x "
                     f"{pool.shape[3]})")
         return (f"{where} (token {t}) holds other numbers than token {t}'s row: are k's strides "
-                f"used for the source rows?")
+                f"used for the source rows?"
+                f"\n{where} (토큰 {t}): 토큰 {t}의 행과 다른 수가 들어 있습니다: 원본 행을 읽을 "
+                "때 k의 stride를 썼나요?")
     return None
 
 
@@ -133,8 +150,11 @@ def check(store, c: Case, slots=None):
     store_kv_reference(c.k, c.v, k_want, v_want, slots)
     k_in, v_in = c.k.clone(), c.v.clone()
     result = store(c.k, c.v, k_cache, v_cache, slots)
-    assert result is None, "store_kv writes in place and returns None"
-    assert torch.equal(c.k, k_in) and torch.equal(c.v, v_in), "the kernel changed its inputs k, v"
+    assert result is None, ("store_kv writes in place and returns None"
+                            "\nstore_kv는 제자리에 쓰고 None을 돌려줍니다")
+    assert torch.equal(c.k, k_in) and torch.equal(c.v, v_in), (
+        "the kernel changed its inputs k, v"
+        "\n커널이 입력 k, v를 바꿨습니다")
     for name, arena, want in (("k_cache", c.k_arena, k_want), ("v_cache", c.v_arena, v_want)):
         problem = explain(name, arena, want, c, slots)
         assert problem is None, f"{problem}\nslot_mapping: {slots.tolist()}"

@@ -21,6 +21,31 @@ pagedllm.reference.ops.paged_attention: pools whose unwritten slots are NaN, blo
 in shuffled order, lengths that end mid-block, block tables with padding entries, GQA and MQA,
 and scores large enough that exp overflows without the running max. Until you edit this file
 the test reports your version as skipped and checks only the solution.
+
+한국어:
+연습 문제(10강, "PagedAttention 커널"): Triton으로 작성하는 디코드 커널의 타일 루프.
+
+디코드 B개의 배치는 시퀀스마다 쿼리가 하나씩이며, q는 [B, heads, head_dim]입니다. 시퀀스 b는
+페이징된 캐시 k_cache와 v_cache [num_blocks, block_size, kv_heads, head_dim]에 토큰
+seq_lens[b]개를 가집니다: 키 위치 p는 블록 block_tables[b, p // block_size]의 슬롯
+p % block_size에 있습니다. 쿼리는 마지막 위치에 있으므로 키 0 .. seq_len - 1을 모두 봅니다.
+heads는 kv_heads의 배수일 수 있습니다(그룹 쿼리 어텐션): 쿼리 헤드 h는 K/V 헤드
+h // (heads // kv_heads)를 읽습니다.
+
+아래 paged_decode_kernel의 본문을 작성하세요: (시퀀스, 쿼리 헤드)마다 프로그램 하나가 블록
+테이블을 거쳐 자기 시퀀스의 블록을 타일당 블록 하나씩 훑으며, 온라인 소프트맥스의 누적 최댓값, 합,
+누산기를 유지해(11강) 점수를 블록 하나 분량보다 많이 가지지 않습니다. 런처인 paged_decode는 이미
+작성되어 있습니다. 커널을 다 작성하면 런처 안에서 NotImplementedError를 발생시키는 줄을 지우세요.
+10강의 "연습 문제: Triton으로 타일 루프 작성하기" 절이 커널을 설명합니다. 다음 명령으로
+확인하세요:
+
+    pytest lessons/exercises/test_triton_paged_attention_exercise.py
+
+테스트는 여러분의 커널을 CPU 텐서 위에서 Triton 인터프리터로 돌리고
+pagedllm.reference.ops.paged_attention과 비교합니다: 쓰지 않은 슬롯이 NaN인 풀, 뒤섞인 순서로 나눠
+준 블록, 블록 중간에서 끝나는 길이, 패딩 항목이 있는 블록 테이블, GQA와 MQA, 그리고 누적 최댓값
+없이는 exp가 오버플로할 만큼 큰 점수를 씁니다. 이 파일을 고치기 전까지 테스트는 여러분의 버전을
+skipped로 보고하고 해답만 확인합니다.
 """
 
 import torch

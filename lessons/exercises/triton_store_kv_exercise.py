@@ -19,6 +19,28 @@ it leaves, bit for bit, with the twin's, on pools whose every slot starts as NaN
 rows, non-power-of-two head counts and sizes, and k, v sliced out of a fused QKV tensor (rows
 that are not contiguous). Until you edit this file the test reports your version as skipped
 and checks only the solution.
+
+한국어:
+연습 문제(13강, "작은 연산 융합하기"): Triton 커널로 작성하는 store_kv.
+
+엔진 스텝 하나는 토큰 T개마다 K 행과 V 행을 하나씩 계산하며, k와 v의 형태는 [T, kv_heads,
+head_dim]입니다. 블록 테이블은 이미 토큰마다 *슬롯*을 정해 두었습니다: 페이지 단위 풀의 평평한 뷰
+[num_blocks * block_size, kv_heads, head_dim]에서 그 토큰의 행입니다. 슬롯 -1은 패딩 행을
+나타내며, 그 K와 V는 어디에도 저장하면 안 됩니다. torch 트윈인 pagedllm.reference.ops.store_kv는
+-1인 행을 버린 뒤 인덱스 대입을 두 번 합니다.
+
+아래 store_kv_kernel의 본문을 작성하세요: 토큰마다 프로그램 하나가 그 토큰의 K 행과 V 행(모든 KV
+헤드)을 자기 슬롯에 복사하고, 슬롯이 -1인 토큰은 아무것도 바꾸지 않습니다. 런처인 store_kv는 이미
+작성되어 있습니다. 커널을 다 작성하면 런처 안에서 NotImplementedError를 발생시키는 줄을 지우세요.
+13강의 "연습 문제: Triton으로 store_kv 작성하기" 절이 커널을, 10강의 "CPU에서 실행하기" 절이 GPU
+없이 실행하는 방법을 설명합니다. 다음 명령으로 확인하세요:
+
+    pytest lessons/exercises/test_triton_store_kv_exercise.py
+
+테스트는 여러분의 커널을 CPU 텐서 위에서 Triton 인터프리터로 돌리고, 커널이 남긴 풀을 트윈의 것과
+비트 단위로 비교합니다. 모든 슬롯이 NaN으로 시작하는 풀, 패딩 행, 2의 거듭제곱이 아닌 헤드 수와
+크기, 융합된 QKV 텐서에서 잘라 낸 k, v(연속적이지 않은 행)를 씁니다. 이 파일을 고치기 전까지
+테스트는 여러분의 버전을 skipped로 보고하고 해답만 확인합니다.
 """
 
 import torch
