@@ -61,8 +61,10 @@ class ModelRunner(ReferenceModelRunner):
     def __init__(self, model, config):
         model = merge_projections(model)
         on_cpu = next(model.parameters()).device.type == "cpu"
-        if on_cpu:
-            model = transpose_linears(model)  # BLAS's faster layout for few-row products
+        if on_cpu and config.dtype == torch.float32:
+            # BLAS's faster layout for few-row fp32 products; bf16/fp16 products are faster
+            # in nn.Linear's own [out, in] layout (oneDNN's kernels; linear_layout.py).
+            model = transpose_linears(model)
         if on_cpu and not interpreting():
             model = pack_quantized_linears(model, config.dtype)  # torch's weight-only kernels
         else:  # CUDA, or the kernels under the interpreter
