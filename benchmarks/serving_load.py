@@ -120,35 +120,69 @@ async def run_rate(url: str, model: str, trace, vocab: int, rate: float, max_sec
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+    return {"rate": rate, **summarize(results, len(pending))}
+
+
+async def run_concurrency(url: str, model: str, vocab: int, concurrency: int, num: int,
+                          prompt_len: int, output_len: int, rng: np.random.Generator) -> dict:
+    """aiperf's concurrency mode: `concurrency` clients, each sending its next request as soon
+    as its last one finished, `num` requests in all, every prompt `prompt_len` token ids and
+    every answer exactly `output_len` tokens."""
+    import httpx
+
+    prompts = [rng.integers(1, vocab, prompt_len).tolist() for _ in range(num)]
+    results: list[Result] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        start = time.perf_counter()
+
+        async def client_loop():
+            while prompts:
+                prompt = prompts.pop()
+                result = Result(sent=time.perf_counter() - start)
+                results.append(result)
+                await one_request(client, url, model, prompt, output_len, start, result)
+
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return {"rate": None, "concurrency": concurrency, **summarize(results, 0)}
+
+
+def summarize(results: list[Result], dropped: int) -> dict:
     ok = [r for r in results if r.finished is not None and r.error is None]
     span = max(r.finished for r in ok) - min(r.sent for r in ok) if ok else float("nan")
     ttft = np.array([r.first_token - r.sent for r in ok if r.first_token is not None])
     normalized = np.array([(r.finished - r.sent) / r.output_tokens for r in ok
                            if r.output_tokens])
     tokens = sum(r.output_tokens for r in ok)
+    itl = np.array([(r.finished - r.sent - (r.first_token - r.sent)) / (r.output_tokens - 1)
+                    for r in ok if r.first_token is not None and r.output_tokens > 1])
     return {
-        "rate": rate, "sent": len(results), "completed": len(ok),
-        "failed": sum(r.error is not None for r in results), "dropped": len(pending),
+        "sent": len(results), "completed": len(ok),
+        "failed": sum(r.error is not None for r in results), "dropped": dropped,
         "seconds": span, "requests_per_s": len(ok) / span if ok else 0.0,
         "output_tokens_per_s": tokens / span if ok else 0.0,
         "ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
         "ttft_p90_s": float(np.percentile(ttft, 90)) if len(ttft) else None,
         "normalized_latency_s_per_token": float(normalized.mean()) if len(normalized) else None,
+        "itl_mean_s": float(itl.mean()) if len(itl) else None,
         "errors": [r.error for r in results if r.error][:3],
     }
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| rate (req/s) | completed | req/s | output tok/s | TTFT mean (s) | TTFT p90 (s) "
-             "| normalized latency (s/token) |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| load | completed | req/s | output tok/s | TTFT mean (s) | TTFT p90 (s) "
+             "| normalized latency (s/token) | between tokens (s) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         def f(x, fmt):
             return "n/a" if x is None else format(x, fmt)
-        lines.append(f"| {r['rate']:g} | {r['completed']}/{r['sent']} | "
+        load = f"{r['rate']:g} req/s" if r["rate"] is not None else \
+            f"concurrency {r['concurrency']}"
+        lines.append(f"| {load} | {r['completed']}/{r['sent']} | "
                      f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.0f} | "
                      f"{f(r['ttft_mean_s'], '.3f')} | {f(r['ttft_p90_s'], '.3f')} | "
-                     f"{f(r['normalized_latency_s_per_token'], '.4f')} |")
+                     f"{f(r['normalized_latency_s_per_token'], '.4f')} | "
+                     f"{f(r['itl_mean_s'], '.3f')} |")
     return "\n".join(lines)
 
 
@@ -160,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, help="send for at most this long per rate")
     parser.add_argument("--server-args", default="", help="flags for `pagedllm serve`, e.g. "
                         "\"--tier reference --max-num-seqs 8\"")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="aiperf's concurrency mode instead of rates: this many clients "
+                        "back to back, --num-requests in all (default 48), fixed lengths")
+    parser.add_argument("--prompt-tokens", type=int, default=200,
+                        help="prompt length in the concurrency mode (default 200)")
+    parser.add_argument("--output-tokens", type=int, default=48,
+                        help="answer length in the concurrency mode (default 48)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     num, rates, scale, max_seconds = SIZES["quick" if args.quick else "full"]
@@ -172,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     proc, url, banner = start_server(args.server_args.split())
     print(banner)
-    print(f"workload: {num} requests per rate, ShareGPT-like lengths / {scale} (prompt mean "
+    if args.concurrency is not None:
+        print(f"workload: {args.num_requests or 48} requests, {args.concurrency} clients back to "
+              f"back, prompts of {args.prompt_tokens} token ids, answers of "
+              f"{args.output_tokens} tokens, streaming")
+    else:
+        print(f"workload: {num} requests per rate, ShareGPT-like lengths / {scale} (prompt mean "
           f"{np.mean([r.prompt_len for r in trace]):.0f}, output mean "
-          f"{np.mean([r.output_len for r in trace]):.0f} tokens), Poisson arrivals, streaming")
+              f"{np.mean([r.output_len for r in trace]):.0f} tokens), Poisson arrivals, "
+              "streaming")
     try:
         import httpx
 
@@ -185,6 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         if config.is_file():
             vocab = json.loads(config.read_text())["vocab_size"]
         rows = []
+        if args.concurrency is not None:
+            rates = []  # the concurrency mode replaces the rates
+            row = asyncio.run(run_concurrency(
+                url, served, vocab, args.concurrency, args.num_requests or 48,
+                args.prompt_tokens, args.output_tokens, np.random.default_rng(SEED)))
+            rows.append(row)
+            print(f"  concurrency {args.concurrency}: {row['completed']}/{row['sent']} "
+                  f"completed in {row['seconds']:.1f} s", flush=True)
         for rate in rates:
             rng = np.random.default_rng(SEED)  # the same prompts at every rate
             row = asyncio.run(run_rate(url, served, trace, vocab, rate, max_seconds, rng))

@@ -270,3 +270,59 @@ def hf_generate_batch(work, ckpt: Path, *, batch: int, max_len: int, warm=(),
         run(warm)
     tokens, clock, partial = run(work, cap)
     return Measured(tokens, clock, partial, {"page_size": page})
+
+
+# -- llama.cpp --------------------------------------------------------------------------------
+def llama_cpp(work, gguf_file: Path | None, *, max_len: int, threads: int, warm=(),
+              cap: float = math.inf) -> Measured:
+    """llama.cpp (through ``llama-cpp-python``) on the GGUF file itself, the engine a user
+    running a model locally on a CPU picks (Ollama's). One request at a time, as its
+    high-level API and its server without parallel slots serve them: the prompt evaluated in
+    one batch, then one token per forward, greedy, exactly the request's length (EOS
+    ignored). ``threads`` for both its prompt and its decode. Needs ``pip install
+    llama-cpp-python`` (it builds llama.cpp from source: about 8 minutes on 2 cores); a
+    benchmark dependency, not a CI one."""
+    if gguf_file is None:
+        raise ValueError("llama.cpp runs a .gguf file: race a model converted from one "
+                         "(--model smollm2-135m-instruct or a .gguf path)")
+    try:
+        from llama_cpp import Llama
+    except ImportError as err:  # the race reports the row as n/a, with this reason
+        raise RuntimeError("llama-cpp-python is not installed (pip install llama-cpp-python: "
+                           "it builds llama.cpp from source, about 8 minutes on 2 cores)") \
+            from err
+
+    model = Llama(str(gguf_file), n_ctx=max_len, n_batch=max_len, n_threads=threads,
+                  n_threads_batch=threads, verbose=False)
+
+    def run(items, until: float = math.inf) -> tuple[list, int, bool]:
+        tokens, decode_seconds, decoded = [], 0.0, 0
+        for prompt, n in items:
+            if time.perf_counter() > until:
+                tokens.append([])
+                continue
+            model.reset()
+            out = []
+            began = None
+            # generate() evaluates the prompt, then yields one token per forward.
+            for token in model.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0,
+                                        reset=True):
+                out.append(token)
+                if len(out) == 1:
+                    began = time.perf_counter()
+                if len(out) == n:
+                    break
+            decode_seconds += time.perf_counter() - began
+            decoded += n - 1
+            tokens.append(out)
+        return tokens, decoded, decode_seconds
+
+    if warm:
+        run(warm)
+    with Clock() as clock:
+        tokens, decoded, decode_seconds = run(work, clock.began + cap)
+    partial = any(not t for t in tokens)
+    extra = {"decode_tokens_per_s_single_sequence": decoded / decode_seconds
+             if decode_seconds else 0.0,
+             "weight_bytes": Path(gguf_file).stat().st_size}
+    return Measured(tokens, clock, partial, extra)

@@ -16,7 +16,12 @@ run on the same CPU threads:
 (d) transformers' continuous batching over its paged cache, the machinery behind
     ``model.generate_batch``. ``generate_batch`` takes one max_new_tokens for every request, so
     we drive the same manager the way it does (``continuous_batching_context_manager``,
-    ``add_request``, ``get_result``) with each request's own max_new_tokens.
+    ``add_request``, ``get_result``) with each request's own max_new_tokens;
+(e) llama.cpp (``llama-cpp-python``, a benchmark dependency, not a CI one: it builds llama.cpp
+    from source) on the GGUF file itself, one request at a time, when the model was converted
+    from a .gguf (``--model smollm2-135m-instruct``); n/a with the reason otherwise. With it
+    the script also measures one sequence alone (decode only) in ours at every
+    ``--precision`` and in llama.cpp, the latency a single local user sees.
 
 Every system gets the same batch size (max_num_seqs / static batch / max_requests_per_batch),
 the same KV memory (batch size x max_model_len token slots) and the same number of torch
@@ -58,11 +63,20 @@ import torch
 import transformers
 
 from pagedllm.benchmarks.bench_report import write_json
-from pagedllm.benchmarks.systems import BLOCK_SIZE, attempt, hf_generate, hf_generate_batch, ours
+from pagedllm.benchmarks.systems import (
+    BLOCK_SIZE,
+    Clock,
+    attempt,
+    hf_generate,
+    hf_generate_batch,
+    llama_cpp,
+    ours,
+)
 from pagedllm.optimized import LLM as OptimizedLLM
-from pagedllm.reference import LLM
+from pagedllm.reference import LLM, SamplingParams
 from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.model.config import load_config
+from pagedllm.reference.model.gguf import converted_from
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.reference.model.registry import resolve_model
 from pagedllm.reference.sim.traces import SHAREGPT, LengthModel, synthetic_trace
@@ -90,7 +104,7 @@ PAPER_MAX_LEN = 2048  # OPT-13B's context, the paper's clip
 SEED = 0
 
 SYSTEMS = ("optimized", "paged_continuous", "contiguous_static", "hf_generate",
-           "hf_generate_batch")
+           "hf_generate_batch", "llama_cpp")
 # Weight precisions our systems run in (--precision): the float dtypes, and the weight
 # quantizations (their activations bf16); transformers runs each float dtype requested, and
 # bf16 as well when a quantization is (its fastest precision for the comparison).
@@ -102,6 +116,7 @@ LABELS = {
     "contiguous_static": "ours: contiguous + static",
     "hf_generate": "transformers generate (static, padded)",
     "hf_generate_batch": "transformers generate_batch (continuous)",
+    "llama_cpp": "llama.cpp on the GGUF file, one request at a time",
 }
 
 
@@ -225,6 +240,13 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
     hf_dtypes = ["float32"] + (["bfloat16"] if set(precisions) - {"float32"} else [])
     runs, names = {}, []
     for name in only:
+        if name == "llama_cpp":  # the GGUF file's own blocks: a model converted from one
+            gguf_file = converted_from(ckpt)
+            runs[name] = functools.partial(
+                llama_cpp, work, gguf_file, max_len=max_len, threads=torch.get_num_threads(),
+                warm=warm)
+            names.append(name)
+            continue
         if name in HF_SYSTEMS:
             for dtype in hf_dtypes:
                 key = name if dtype == "float32" else f"{name}#{dtype}"
@@ -267,6 +289,58 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
             res["ratio_to_hf_generate"] = res["tokens_per_s"] / base["tokens_per_s"]
             res["cpu_ratio_to_hf_generate"] = res["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
     return results
+
+
+def single_sequence(ckpt: Path, work, max_len: int, precisions) -> dict:
+    """Decode speed of one sequence alone (the latency a single local user sees): ours, the
+    optimized tier, at each precision, and llama.cpp on the GGUF file, in this run. Each
+    generates from the workload's first prompt; the rate is the decode's, the prompt's time
+    left out: (n - 1) tokens over the time of n tokens minus the time of one."""
+    prompt, n = work[0][0], 129
+    out = {}
+    for precision in precisions:
+        weights = {"dtype": precision} if precision in ("float32", "bfloat16") else \
+            {"quantization": precision}
+        try:
+            llm = OptimizedLLM(ckpt, max_num_seqs=1, max_model_len=max_len, **weights)
+        except ValueError as err:  # e.g. gguf for a folder not converted from a file
+            out[f"optimized#{precision}"] = {"ok": False, "error": str(err)}
+            continue
+
+        def timed(llm, count):
+            params = SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
+            with Clock() as clock:
+                llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+            return clock
+
+        timed(llm, 4)  # warm-up
+        one, full = timed(llm, 1), timed(llm, n)
+        out[f"optimized#{precision}"] = {
+            "ok": True, "decode_tokens_per_s": (n - 1) / (full.wall - one.wall),
+            "decode_tokens_per_cpu_s": (n - 1) / (full.cpu - one.cpu)}
+        del llm
+    res, _ = attempt(functools.partial(llama_cpp, [(prompt, n)], converted_from(ckpt),
+                                       max_len=max_len, threads=torch.get_num_threads(),
+                                       warm=[(prompt[:8], 4)]), [(prompt, n)])
+    if res["ok"]:
+        res["decode_tokens_per_s"] = res["decode_tokens_per_s_single_sequence"]
+    out["llama_cpp"] = res
+    return out
+
+
+def print_single(single: dict) -> None:
+    print(f"\n{'one sequence alone, decode':50}{'tok/s':>8}{'tok/CPU-s':>10}{'x llama.cpp':>12}")
+    base = single.get("llama_cpp", {})
+    for name, res in single.items():
+        if not res.get("ok"):
+            print(f"{label_of(name):50}{'n/a':>8}  ({res['error'][:100]})")
+            continue
+        ratio = res["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base.get("ok") \
+            else None
+        cpu = res.get("decode_tokens_per_cpu_s")
+        print(f"{label_of(name):50}{res['decode_tokens_per_s']:8.1f}"
+              f"{'' if cpu is None else f'{cpu:.1f}':>10}"
+              f"{'' if ratio is None else f'{ratio:.2f}x':>12}")
 
 
 def label_of(name: str) -> str:
@@ -322,8 +396,11 @@ def add_bandwidth_floor(results: dict, work, batch: int, ckpt: Path, hf_bytes: d
         precision = name.partition("#")[2] or "float32"
         if "weight_bytes" not in res:  # transformers: its parameters at its dtype
             res["weight_bytes"] = hf_bytes[precision]
-            res["kv_bytes_per_token"] = kv_size(ckpt, precision).bytes_per_token
-        per_token = res["weight_bytes"] / batch + context * res["kv_bytes_per_token"]
+        if "kv_bytes_per_token" not in res:  # transformers at its dtype; llama.cpp: fp16
+            kv_dtype = "float16" if name.startswith("llama_cpp") else precision
+            res["kv_bytes_per_token"] = kv_size(ckpt, kv_dtype).bytes_per_token
+        rows = 1 if name.startswith("llama_cpp") else batch  # llama.cpp: one at a time
+        per_token = res["weight_bytes"] / rows + context * res["kv_bytes_per_token"]
         res["bandwidth_floor_share"] = res["tokens_per_s"] * per_token / bandwidth
 
 
@@ -395,6 +472,10 @@ def main(argv: list[str] | None = None) -> dict:
         add_bandwidth_floor(systems, work, config["batch_size"], ckpt, hf_bytes,
                             config["stream_bandwidth"])
         print_table(systems)
+        if "llama_cpp" in only and converted_from(ckpt) is not None:
+            config["single_sequence"] = single_sequence(
+                ckpt, work, config["workload"]["max_model_len"], precisions)
+            print_single(config["single_sequence"])
         print(f"matmul: {config['matmul_flops'] / 1e9:.1f} GFLOP/s float32, memory: "
               f"{config['stream_bandwidth'] / 1e9:.1f} GB/s read, on "
               f"{torch.get_num_threads()} thread(s)")

@@ -16,7 +16,7 @@ import torch
 from pagedllm.benchmarks import throughput_cpu
 
 SYSTEMS = ("optimized", "paged_continuous", "contiguous_static", "hf_generate",
-           "hf_generate_batch")
+           "hf_generate_batch", "llama_cpp")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,8 @@ def test_the_json_has_every_system(race):
         assert race["systems"][name]["ok"], race["systems"][name]
     batch = race["systems"]["hf_generate_batch"]  # may be n/a, but then it says why
     assert batch["ok"] or batch["error"]
+    # llama.cpp runs a GGUF file: on the random model its row says so.
+    assert "gguf" in race["systems"]["llama_cpp"]["error"]
     assert race["config"]["workload"]["requests"] >= 64
 
 
