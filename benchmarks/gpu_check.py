@@ -30,7 +30,8 @@ leaves the others running; the table says which failed):
    nano-vllm's benchmark workload: every request queued at once, prompt and output lengths
    uniform in 100..1024, greedy, EOS ignored (each request generates exactly its own length).
    Systems (``systems.py``, the ones ``throughput_cpu.py`` races on the CPU): the optimized
-   engine, the reference engine, transformers ``generate`` on static batches (left-padded; only
+   engine (also on int8 and int4 weights: the Triton W8A16 / W4A16 products), the reference
+   engine, transformers ``generate`` on static batches (left-padded; only
    each request's own tokens count) and transformers ``generate_batch`` (its continuous
    batching, each request its own max_new_tokens). All get the same batch size and KV room
    (max_num_seqs x max_model_len tokens). Each is warmed up first (the optimized engine on a
@@ -110,8 +111,9 @@ MODELS = {
                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                     head_dim=64, tie_word_embeddings=True, rope_theta=100000.0,
                     max_position_embeddings=8192, rms_norm_eps=1e-5),
-        tiny=dict(vocab_size=512, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=3, num_key_value_heads=1, head_dim=16,
+        # Tiny shapes keep every input size a multiple of 32, int4's smallest group.
+        tiny=dict(vocab_size=512, hidden_size=96, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, head_dim=16,
                   tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=4096)),
     "qwen2.5-0.5b": dict(
         family="qwen2",
@@ -119,8 +121,8 @@ MODELS = {
                     num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                     tie_word_embeddings=True, rope_theta=1000000.0,
                     max_position_embeddings=32768, rms_norm_eps=1e-6),
-        tiny=dict(vocab_size=512, hidden_size=112, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=7, num_key_value_heads=1, tie_word_embeddings=True,
+        tiny=dict(vocab_size=512, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=1, tie_word_embeddings=True,
                   rope_theta=1000000.0, max_position_embeddings=4096)),
     "llama-3.2-1b": dict(
         family="llama3",
@@ -147,14 +149,20 @@ E2E = {  # requests (= the batch size: every request runs from the first step), 
     "dry": dict(requests=6, low=4, high=24, max_len=64, batch=4),
 }
 # Each system's share of its model's time (what is left after the checkpoint is written).
-SYSTEMS = ("optimized", "hf_generate", "hf_generate_batch", "reference")
-SHARES = {"optimized": 0.4, "hf_generate": 0.2, "hf_generate_batch": 0.25, "reference": 0.15}
+# optimized_int8 / _int4: the optimized engine on weight-only int8 / int4 (groups of 32)
+# weights, its Triton W8A16 / W4A16 products (kernels/quant_linear.py), activations bf16.
+SYSTEMS = ("optimized", "optimized_int8", "optimized_int4", "hf_generate", "hf_generate_batch",
+           "reference")
+SHARES = {"optimized": 0.3, "optimized_int8": 0.1, "optimized_int4": 0.1, "hf_generate": 0.2,
+          "hf_generate_batch": 0.2, "reference": 0.1}
 # Seconds each system takes on the GPU beside its timed run (loading, warm-up, compiling).
-SETUP_S = {"optimized": 10.0, "hf_generate": 3.0, "hf_generate_batch": 8.0, "reference": 3.0}
-# The dry run's limits: two systems run to the end, two stop at once (their partial path).
-DRY_CAPS = {"optimized": math.inf, "hf_generate": 600.0, "hf_generate_batch": 0.0,
-            "reference": 0.0}
-LABELS = {"optimized": "optimized engine", "reference": "reference engine",
+SETUP_S = {"optimized": 10.0, "optimized_int8": 10.0, "optimized_int4": 10.0,
+           "hf_generate": 3.0, "hf_generate_batch": 8.0, "reference": 3.0}
+# The dry run's limits: three systems run to the end, two stop at once (their partial path).
+DRY_CAPS = {"optimized": math.inf, "optimized_int8": math.inf, "optimized_int4": 0.0,
+            "hf_generate": 600.0, "hf_generate_batch": 0.0, "reference": 0.0}
+LABELS = {"optimized": "optimized engine", "optimized_int8": "optimized engine, int8 weights",
+          "optimized_int4": "optimized engine, int4 weights", "reference": "reference engine",
           "hf_generate": "transformers generate", "hf_generate_batch": "transformers gen_batch"}
 
 DECODE = {  # sequences, context tokens, timed steps
@@ -270,6 +278,10 @@ def e2e_worker(args) -> dict:
     runners = {
         "optimized": lambda w, c, eager=False: ours(work, OptimizedLLM, ckpt, warm=w, cap=c,
                                                     enforce_eager=eager, **engine_size),
+        "optimized_int8": lambda w, c: ours(work, OptimizedLLM, ckpt, warm=w, cap=c,
+                                            quantization="int8", **engine_size),
+        "optimized_int4": lambda w, c: ours(work, OptimizedLLM, ckpt, warm=w, cap=c,
+                                            quantization="int4", **engine_size),
         "reference": lambda w, c: ours(work, ReferenceLLM, ckpt, warm=w, cap=c, **engine_size),
         "hf_generate": lambda w, c: hf_generate(work, ckpt, warm=w, cap=c, **hf_size),
         "hf_generate_batch": lambda w, c: hf_generate_batch(
@@ -281,7 +293,7 @@ def e2e_worker(args) -> dict:
         share = SHARES[name] / sum(SHARES[s] for s in rest)
         setup_s = sum(SETUP_S[s] for s in rest)
         cap = DRY_CAPS[name] if args.dry_run else max(2.0, (left - setup_s) * share)
-        if name == "optimized":
+        if name.startswith("optimized"):  # every CUDA-graph size
             warm = warmup_workload(setup["batch"], cfg.vocab_size)
         elif name == "reference":
             warm = warmup_workload(4, cfg.vocab_size, prompt=16)

@@ -31,9 +31,10 @@ def test_gpu_check_dry_run(tmp_path):
     assert sections == {"compile", "tests", "kernels", "e2e", "decode"}, out
     for model in ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b"):
         assert any(row.split()[1] == f"{model}:" for row in rows), out
-    for system in ("optimized engine", "reference engine", "transformers generate",
+    for system in ("optimized engine", "optimized engine, int8 weights",
+                   "optimized engine, int4 weights", "reference engine", "transformers generate",
                    "transformers gen_batch"):
-        assert sum(system in row for row in rows) == 3, out
+        assert sum(f"{system} " in row for row in rows) == 3, out  # once per model
     data = json.loads(report.read_text())
     assert data["failures"] == [] and data["mode"] == "dry"
     assert data["sections"]["compile"]["exit"] == 0 and data["sections"]["compile"]["summary"]
