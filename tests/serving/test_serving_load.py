@@ -1,4 +1,5 @@
-"""The load script at a tiny size: it starts a server, runs a rate, reports every column."""
+"""The load script at a tiny size: it starts a server, runs a rate (or a closed loop of
+clients), reports every column."""
 
 import importlib.util
 import json
@@ -7,10 +8,16 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_load.py"
 
 
-def test_serving_load_runs(tmp_path, capsys):
+def _script():
+    """benchmarks/serving_load.py, loaded by its path as the command line runs it."""
     spec = importlib.util.spec_from_file_location("serving_load", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_serving_load_runs(tmp_path, capsys):
+    module = _script()
     out = tmp_path / "load.json"
     # --max-seconds is a wall-clock cap (requests running at twice it are dropped): far past
     # what 6 requests need, so it guards a hang and never fails a slow machine.
@@ -25,9 +32,7 @@ def test_serving_load_runs(tmp_path, capsys):
 
 def test_serving_load_concurrency_mode(tmp_path, capsys):
     """aiperf's closed loop: 2 clients back to back, 4 requests of fixed lengths."""
-    spec = importlib.util.spec_from_file_location("serving_load", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script()
     out = tmp_path / "load.json"
     assert module.main(["--concurrency", "2", "--num-requests", "4", "--prompt-tokens", "8",
                         "--output-tokens", "5", "--json", str(out)]) == 0
