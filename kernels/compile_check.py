@@ -18,9 +18,10 @@ see each launch before it runs. The record phase runs the engine (the optimized 
 ``pagedllm.optimized.LLM``) under the interpreter over a matrix meant to reach every kernel path:
 every model family in fp32, bf16 and fp16, prompts and decodes batched together, chunked prefill,
 prefix-cache hits, copy-on-write (n > 1 and beam search), a sliding window, every sampling option
-(greedy, top-k, top-p, seeds, logprobs, tokens blocked by min_tokens), a head size that is not a
-power of two, and every quantized ``kv_cache_dtype`` (fp8 e4m3 and e5m2, int8, int4: store_kv's
-quantizing and attention's dequantizing paths). Then it calls the launchers directly at shapes of
+(greedy, top-k, top-p, min_p, seeds, logprobs, tokens blocked by min_tokens; the penalties and
+logit_bias through their own kernel), a head size that is not a power of two, and every
+quantized ``kv_cache_dtype`` (fp8 e4m3 and e5m2, int8, int4: store_kv's quantizing and
+attention's dequantizing paths). Then it calls the launchers directly at shapes of
 real models that the tiny checkpoints do not have: heads 64 to 256 wide, flash-decoding's split
 forced on (``num_splits=``) and chosen by the launcher for a 530-token context, wide rows and
 vocabularies. Those calls matter twice: interpreting a 530-token prefill through the engine would
@@ -164,9 +165,15 @@ def _gpu_sample(constexprs, options):
             {**options, "num_warps": 8 if constexprs["BLOCK"] >= 1024 else 4})
 
 
+def _gpu_penalties(constexprs, options):
+    # penalties.py: no fused multiply-add, so that x - f * count rounds as torch's does.
+    return constexprs, {**options, "enable_fp_fusion": False}
+
+
 # What a launcher passes a GPU instead of what it passed the interpreter, by kernel.
 GPU_VIEW = {"_paged_attention_kernel": _gpu_paged_attention, "_sample_kernel": _gpu_sample,
-            "_quant_linear_kernel": _gpu_paged_attention}  # the same DOT_F32 switch
+            "_quant_linear_kernel": _gpu_paged_attention,  # the same DOT_F32 switch
+            "_penalties_kernel": _gpu_penalties}
 
 
 class Recorder:
@@ -465,6 +472,12 @@ def _real_sampling_shapes():
         rows = [SamplingRow(temperature=0.0), SamplingRow(temperature=0.7, top_k=20, stream=5),
                 SamplingRow(temperature=1.1, top_p=0.8, blocked_token_ids=[1, 2, 3],
                             num_logprobs=3)]
+        sample(logits, SamplingMetadata.from_rows(rows, vocab))
+        # logit_bias, the penalties (their own kernel) and min_p
+        rows[1] = SamplingRow(temperature=0.9, min_p=0.05, repetition_penalty=1.2,
+                              presence_penalty=0.5, frequency_penalty=0.3,
+                              logit_bias={4: -100.0}, prompt_token_ids=[1, 2],
+                              output_token_ids=[3, 3], stream=6)
         sample(logits, SamplingMetadata.from_rows(rows, vocab))
     random_uniform(torch.tensor([1, 2]), torch.tensor([0, 7]), 300)
 

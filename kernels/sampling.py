@@ -85,6 +85,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from pagedllm.kernels.penalties import apply_penalties
 from pagedllm.kernels.runtime import interpreting, kernel_runner
 from pagedllm.reference.ops.sampling import (
     GOLDEN_GAMMA,
@@ -95,6 +96,8 @@ from pagedllm.reference.ops.sampling import (
     SamplingMetadata,
     _blocked_mask,
     _cut,
+    _min_p,
+    _min_ps,
 )
 from pagedllm.reference.ops.sampling import random_uniform as reference_random_uniform
 from pagedllm.reference.ops.sampling import sample as reference_sample
@@ -186,8 +189,8 @@ def _reduce_first_argmax(best, best_index):
 
 @triton.jit
 def _load_scaled(row_logits, row_blocked, num_blocked, tokens, vocab, temperature):
-    """A tile of the row's logits, blocked tokens at -inf, divided by the temperature with
-    IEEE rounding (-inf past the vocabulary)."""
+    """A tile of the row's logits (after the penalties), blocked tokens at -inf, divided by
+    the temperature with IEEE rounding (-inf past the vocabulary)."""
     x = tl.load(row_logits + tokens, mask=tokens < vocab, other=_NEG_INF)
     x = tl.where(_blocked(row_blocked, num_blocked, tokens), _NEG_INF, x)
     return tl.div_rn(x, temperature)
@@ -202,7 +205,9 @@ def _probability(scaled, scaled_max, scaled_sum, LIBDEVICE: tl.constexpr):
 # --8<-- [start:kernel]
 @triton.jit
 def _sample_kernel(
-    logits_ptr,  # [S, vocab] float32, rows `stride` apart
+    logits_ptr,  # [S, vocab] float32 raw logits, rows `stride` apart
+    # [S, vocab] float32 after logit_bias and the penalties (logits_ptr if none)
+    processed_ptr,
     temperature_ptr,  # [S] float32
     streams_ptr, positions_ptr,  # [S] int64 each
     blocked_ptr,  # [S, num_blocked] int64, padded with -1
@@ -218,11 +223,13 @@ def _sample_kernel(
 ):
     row = tl.program_id(0)
     row_logits = logits_ptr + row.to(tl.int64) * stride
+    row_processed = processed_ptr + row.to(tl.int64) * stride
     row_blocked = blocked_ptr + row.to(tl.int64) * num_blocked
     temperature = tl.load(temperature_ptr + row)
     lanes = tl.arange(0, BLOCK)
 
-    # Pass 1: max of the raw logits; max and first argmax of the blocked logits.
+    # Pass 1: max of the raw logits; max and first argmax of the processed, blocked
+    # logits.
     raw_max = tl.full([BLOCK], _NEG_INF, tl.float32)
     best = tl.full([BLOCK], _NEG_INF, tl.float32)
     best_index = lanes
@@ -230,6 +237,7 @@ def _sample_kernel(
         tokens = start + lanes
         x = tl.load(row_logits + tokens, mask=tokens < vocab, other=_NEG_INF)
         raw_max = tl.maximum(raw_max, x)
+        x = tl.load(row_processed + tokens, mask=tokens < vocab, other=_NEG_INF)
         x = tl.where(_blocked(row_blocked, num_blocked, tokens), _NEG_INF, x)
         best, best_index = _first_argmax(best, best_index, x, tokens)
     raw_max = tl.max(raw_max, axis=0)
@@ -248,8 +256,8 @@ def _sample_kernel(
         x = tl.load(row_logits + tokens, mask=tokens < vocab, other=_NEG_INF)
         raw_sum += _exp(x - raw_max, LIBDEVICE)  # exp(-inf) = 0 past the vocabulary
         if drawn:
-            scaled = _load_scaled(row_logits, row_blocked, num_blocked, tokens, vocab,
-                                  temperature)
+            scaled = _load_scaled(row_processed, row_blocked, num_blocked, tokens,
+                                  vocab, temperature)
             e = _exp(scaled - scaled_max, LIBDEVICE)
             scaled_sum += tl.where(scaled >= topk_bound, e, 0.0)
     raw_log_sum = _log(tl.sum(raw_sum, axis=0), LIBDEVICE)
@@ -261,8 +269,8 @@ def _sample_kernel(
         mass = tl.zeros([BLOCK], tl.float64)
         for start in range(0, vocab, BLOCK):
             tokens = start + lanes
-            scaled = _load_scaled(row_logits, row_blocked, num_blocked, tokens, vocab,
-                                  temperature)
+            scaled = _load_scaled(row_processed, row_blocked, num_blocked, tokens,
+                                  vocab, temperature)
             p = _probability(scaled, scaled_max, scaled_sum, LIBDEVICE)
             mass += tl.where(scaled >= keep_from, p.to(tl.float64), 0.0)
         mass = tl.sum(mass, axis=0)
@@ -274,8 +282,8 @@ def _sample_kernel(
         race_index = lanes
         for start in range(0, vocab, BLOCK):
             tokens = start + lanes
-            scaled = _load_scaled(row_logits, row_blocked, num_blocked, tokens, vocab,
-                                  temperature)
+            scaled = _load_scaled(row_processed, row_blocked, num_blocked, tokens,
+                                  vocab, temperature)
             p = _probability(scaled, scaled_max, scaled_sum, LIBDEVICE)
             # renormalised
             p = tl.where(scaled >= keep_from, p.to(tl.float64), 0.0) / mass
@@ -321,8 +329,9 @@ def _cut_bounds(logits: torch.Tensor,
                 metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     """The two per-row numbers the kernel needs from top-k and top-p, both float32 [S]:
 
-    - the top-k bound, the k-th largest scaled logit: the twin's float32 softmax of a top-k row
-      runs over the tokens at or above it;
+    - the softmax bound: the twin's float32 softmax of a cut row runs over the tokens at or
+      above it, those that survive min_p and top-k (the k-th largest scaled logit after
+      min_p, or min_p's smallest survivor, whichever is larger);
     - keep-from, the smallest scaled logit the twin gives a nonzero probability after both cuts:
       exactly the tokens at or above it survive (with any probability that matters).
 
@@ -335,17 +344,23 @@ def _cut_bounds(logits: torch.Tensor,
     topk_bound = torch.full((S,), float("-inf"), device=logits.device)
     keep_from = torch.full((S,), float("-inf"), device=logits.device)
     has_k = (md.top_k > 0) & (md.top_k < vocab)  # [S]
-    cuts = (md.temperature >= GREEDY_BELOW) & (has_k | (md.top_p < 1))  # [S]
+    min_p = _min_ps(md)  # [S]
+    cuts = (md.temperature >= GREEDY_BELOW) & (has_k | (md.top_p < 1) | (min_p > 0))  # [S]
     if not bool(cuts.any()):
         return topk_bound, keep_from
     rows = cuts.nonzero()[:, 0]  # [R]
     blocked = _blocked_mask(md.blocked_token_ids[rows], vocab)  # [R, vocab]
     scaled = logits[rows].masked_fill(blocked, float("-inf")) / md.temperature[rows][:, None]
-    probs = _cut(scaled, md.top_k[rows], md.top_p[rows])  # [R, vocab] float64, twin's rule
+    # [R, vocab] float64, the twin's rule
+    probs = _cut(scaled, md.top_k[rows], md.top_p[rows], min_p[rows])
     keep_from[rows] = torch.where(probs > 0, scaled, float("inf")).amin(dim=-1)
+    survivors = _min_p(scaled, min_p[rows])  # [R, vocab], -inf where min_p drops
+    min_p_from = torch.where(survivors > float("-inf"), scaled, float("inf")).amin(dim=-1)
     k = torch.where(has_k[rows], md.top_k[rows], 1)  # [R]
-    kth = torch.topk(scaled, int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])[:, 0]
-    topk_bound[rows] = torch.where(has_k[rows], kth, float("-inf"))
+    kth = torch.topk(survivors, int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])[:, 0]
+    kth = torch.where(has_k[rows], kth, float("-inf"))
+    topk_bound[rows] = torch.maximum(kth, torch.where(min_p[rows] > 0, min_p_from,
+                                                      float("-inf")))
     return topk_bound, keep_from
 
 
@@ -361,6 +376,9 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     if runner is None:
         return reference_sample(logits, metadata)
     logits = logits.float().contiguous()  # bf16/fp16 logits upcast, as the twin does
+    processed = logits  # logit_bias and the penalties: their own kernel (penalties.py)
+    if md.penalties is not None:
+        processed = apply_penalties(logits, md.penalties).contiguous()
     S, vocab = logits.shape
     device = logits.device
     token_ids = torch.zeros(S, dtype=torch.int64, device=device)
@@ -368,7 +386,7 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     raw_max = torch.empty(S, dtype=torch.float32, device=device)
     raw_log_sum = torch.empty(S, dtype=torch.float32, device=device)
     if S and vocab:
-        topk_bound, keep_from = _cut_bounds(logits, md)
+        topk_bound, keep_from = _cut_bounds(processed, md)
         blocked = md.blocked_token_ids.long().contiguous()  # [S, M]
         num_blocked = blocked.shape[1]
         if num_blocked == 0:  # never read; a real pointer all the same
@@ -376,7 +394,7 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         block = _block(vocab)
         compiled = {} if interpreting() else {"num_warps": 8 if block >= 1024 else 4}
         runner[(S,)](
-            logits, md.temperature.float().contiguous(), md.streams.long().contiguous(),
+            logits, processed, md.temperature.float().contiguous(), md.streams.long().contiguous(),
             md.positions.long().contiguous(), blocked, topk_bound, keep_from,
             token_ids, chosen, raw_max, raw_log_sum,
             vocab, logits.stride(0), num_blocked,

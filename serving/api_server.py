@@ -9,7 +9,9 @@ Endpoints (OpenAI's shapes, so the official ``openai`` client works unchanged):
 
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``, with ``"stream": true`` as
   server-sent events ending in ``data: [DONE]``;
-- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus, ``pagedllm:`` names).
+- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus, ``pagedllm:`` names);
+- ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info`` (vLLM's shapes:
+  ``tokenization``).
 
 The path of one request, one module per job. The gate (``gate``) refuses a missing API key
 (401) or a body over the limit (413) before any route runs. The route reads the body and maps
@@ -41,6 +43,7 @@ from .metrics import ServerMetrics
 from .protocol import APIError, new_id, now
 from .request_mapping import FLOAT32_MAX, FLOAT32_TINY, EngineRequest, RequestMapper, refusal
 from .responses import EngineResponse, RequestRun
+from .tokenization import Tokenization
 
 # The names this module has always offered: the launch and response names live apart now.
 __all__ = ["build_app", "EngineResponse", "ServerThread", "bind", "load_llm", "serve",
@@ -56,6 +59,8 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
     engine = AsyncLLMEngine(llm, metrics)
     mapper = RequestMapper(served_model_name, engine.tokenizer, engine.max_model_len,
                            engine.engine.vocab_size)
+    tokenization = Tokenization(served_model_name, engine.tokenizer, engine.max_model_len,
+                                engine.engine.vocab_size)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -105,6 +110,18 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await answer(mapper.chat(await read_json(request)))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return tokenization.tokenize(await read_json(request))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return tokenization.detokenize(await read_json(request))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return tokenization.tokenizer_info()
 
     return Gate(app, api_key, max_request_bytes)
 

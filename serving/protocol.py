@@ -2,9 +2,8 @@
 
 Requests are validated strictly (``"max_tokens": "16"`` is refused, not read as 16), and an
 unknown field is ignored, as OpenAI's own clients send fields this engine has no use for
-(``user``, ``logit_bias`` at its default, ...). A field the engine cannot honour at a
-non-default value (``presence_penalty``, ``echo``, ...) is refused with a 400 naming it rather
-than silently ignored.
+(``user``, ...). A field the engine cannot honour at a non-default value (``echo``,
+``suffix``, ...) is refused with a 400 naming it rather than silently ignored.
 
 Every error answers with OpenAI's error body, which the ``openai`` client turns into its
 exceptions (``openai.BadRequestError`` and friends)::
@@ -59,10 +58,12 @@ class _Request(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0  # not implemented: refused unless 0
-    frequency_penalty: float = 0.0  # not implemented: refused unless 0
+    presence_penalty: float = 0.0  # [-2, 2], over the output tokens
+    frequency_penalty: float = 0.0  # [-2, 2], over the output tokens
+    repetition_penalty: float = 1.0  # vLLM's extension: > 0, 1 is off
+    min_p: float = 0.0  # vLLM's extension: [0, 1]
     best_of: int | None = None  # not implemented: refused unless None or n
-    logit_bias: dict[str, float] | None = None  # not implemented: refused unless empty
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> [-100, 100]
     user: str | None = None
 
 
@@ -105,9 +106,6 @@ class ChatCompletionRequest(_Request):
 
 
 UNSUPPORTED = {  # field: (the value that is accepted, what to say)
-    "presence_penalty": (0.0, "presence_penalty is not supported by this engine; leave it at 0"),
-    "frequency_penalty": (0.0, "frequency_penalty is not supported by this engine; leave it at "
-                               "0"),
     "echo": (False, "echo is not supported by this engine"),
     "suffix": (None, "suffix is not supported by this engine"),
 }
@@ -130,9 +128,6 @@ def parse_request(cls: type[_Request], data: Any) -> _Request:
     for name, (default, message) in UNSUPPORTED.items():
         if name in cls.model_fields and getattr(request, name) != default:
             raise APIError(400, message, name)
-    if request.logit_bias:
-        raise APIError(400, "logit_bias is not supported by this engine; leave it out",
-                       "logit_bias")
     if getattr(request, "response_format", None) not in (None, {"type": "text"}):
         raise APIError(400, "response_format is not supported by this engine (no JSON mode or "
                             "structured output); leave it out or use {\"type\": \"text\"}",
@@ -140,7 +135,8 @@ def parse_request(cls: type[_Request], data: Any) -> _Request:
     if getattr(request, "tools", None):
         raise APIError(400, "tools are not supported by this engine (no tool calling); leave "
                             "them out", "tools")
-    if request.best_of is not None and request.best_of != request.n:
+    best_of = getattr(request, "best_of", None)  # the tokenizer endpoints' bodies have none
+    if best_of is not None and best_of != request.n:
         raise APIError(400, "best_of is not supported by this engine; use n", "best_of")
     return request
 

@@ -73,12 +73,17 @@ class RequestMapper:
         top_k = req.top_k
         if top_k == 0 or top_k >= self.vocab_size:
             top_k = -1
+        logit_bias = _logit_bias(req.logit_bias)
         try:
             return SamplingParams(
                 n=req.n, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed,
                 max_tokens=max_tokens if max_tokens is not None else self.max_model_len,
                 min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos, logprobs=logprobs)
+                ignore_eos=req.ignore_eos, logprobs=logprobs,
+                repetition_penalty=req.repetition_penalty,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty, min_p=req.min_p,
+                logit_bias=logit_bias)
         except (ValueError, TypeError) as err:
             raise refusal(err, prompt_field) from None
 
@@ -126,6 +131,20 @@ class RequestMapper:
         params = self._params(req, max_tokens, logprobs, "messages")
         return EngineRequest([prompt], params, "messages", chat=True, logprobs=logprobs,
                              include_usage=_include_usage(req), stream=req.stream)
+
+
+def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias keys are token ids written as strings (JSON keys are strings):
+    {"50256": -100} -> {50256: -100.0}; SamplingParams and the engine check the rest."""
+    if not logit_bias:
+        return None
+    ids = {}
+    for key, value in logit_bias.items():
+        if not key.strip().lstrip("-").isdigit():
+            raise APIError(400, f"logit_bias keys must be token ids (integers written as "
+                                f"strings), got {key!r:.40}", "logit_bias")
+        ids[int(key)] = value
+    return ids
 
 
 def _include_usage(req) -> bool:

@@ -4,7 +4,8 @@ An accepted request always finishes, so everything that could stop it from finis
 now, with a ValueError naming the field (``FieldValueError.field``: a server answers 400 for that
 field without reading the message): a prompt that is empty, outside the vocabulary or longer
 than max_model_len; more sequences or tokens per step than the budgets allow; more KV memory
-than the whole pool holds (it could never finish); logprobs or stop tokens past the vocabulary.
+than the whole pool holds (it could never finish); logprobs, stop tokens or logit_bias ids
+past the vocabulary.
 """
 
 import torch
@@ -79,6 +80,10 @@ def check_request(request_id: str, num_prompt_tokens: int, params, kv,
         if bad:
             raise FieldValueError("stop_token_ids", f"stop_token_ids {bad[:5]} are outside the "
                                   f"vocabulary; valid ids are 0..{vocab_size - 1}")
+        bad = [t for t in params.logit_bias if t >= vocab_size]
+        if bad:
+            raise FieldValueError("logit_bias", f"logit_bias token ids {bad[:5]} are outside "
+                                  f"the vocabulary; valid ids are 0..{vocab_size - 1}")
     if (beam or width > 1) and kv.layout != "paged":
         what = "beams" if beam else f"n = {width} parallel samples"
         raise FieldValueError(field, f"{what} share the prompt's blocks, which needs "

@@ -36,6 +36,14 @@ class SamplingParams:
     # reads the text before the end, and it is decoded once, at the end, unless stop
     # strings need it earlier.
     output_kind: str = "cumulative"
+    # Logit transforms, vLLM's names and ranges: seen tokens' logits divided (positive)
+    # or multiplied (negative) by repetition_penalty (prompt and output, 1 is off);
+    # frequency_penalty per time, presence_penalty once, per generated token (OpenAI's)
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     stop_strings: list[str] = field(init=False, repr=False)
     # --8<-- [end:params]
 
@@ -69,3 +77,29 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         for token in self.stop_token_ids:
             check_int("stop_token_ids", token, low=0)
+        # Above float32's largest value the factor would be inf in the sampler.
+        check_float("repetition_penalty", self.repetition_penalty, 0.0, FLOAT32_MAX,
+                    low_open=True)
+        check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        check_float("min_p", self.min_p, 0.0, 1.0)
+        self.logit_bias = check_logit_bias(self.logit_bias)
+
+
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
+
+
+def check_logit_bias(logit_bias) -> dict[int, float]:
+    """{token id: value} with ids >= 0 (the vocabulary is checked at the engine's door)
+    and values in [-100, 100]; None is {}."""
+    if logit_bias is None:
+        return {}
+    if not isinstance(logit_bias, dict):
+        raise FieldTypeError("logit_bias", f"logit_bias must be a dict of token id -> "
+                             f"value, got {type(logit_bias).__name__}")
+    checked = {}
+    for token, value in logit_bias.items():
+        check_int("logit_bias", token, low=0)
+        check_float("logit_bias", value, -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)
+        checked[token] = float(value)
+    return checked

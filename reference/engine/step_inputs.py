@@ -64,10 +64,18 @@ def _sampling_row(item: ScheduledSeq, index: int,
         blocked = list(params.stop_token_ids)
         if eos_token_id is not None and not params.ignore_eos:
             blocked.append(eos_token_id)
-    return SamplingRow(temperature=params.temperature, top_k=params.top_k,
-                       top_p=params.top_p, stream=group.stream_for(index),
-                       position=len(seq.output_token_ids), blocked_token_ids=blocked,
-                       num_logprobs=params.logprobs or 0)
+    row = SamplingRow(temperature=params.temperature, top_k=params.top_k,
+                      top_p=params.top_p, stream=group.stream_for(index),
+                      position=len(seq.output_token_ids), blocked_token_ids=blocked,
+                      num_logprobs=params.logprobs or 0, min_p=params.min_p,
+                      repetition_penalty=params.repetition_penalty,
+                      presence_penalty=params.presence_penalty,
+                      frequency_penalty=params.frequency_penalty,
+                      logit_bias=params.logit_bias)
+    if row.transforms_logits:  # the penalties look at what the sequence holds
+        row.prompt_token_ids = seq.prompt_token_ids
+        row.output_token_ids = seq.output_token_ids
+    return row
 # --8<-- [end:sampling_row]
 
 

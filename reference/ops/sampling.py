@@ -2,9 +2,13 @@
 
 Order, per row: the reported logprobs are the log_softmax of the raw logits (the model's own
 distribution, as vLLM reports it by default). Then blocked tokens (EOS and stop tokens while
-min_tokens is not reached) get -inf. A greedy row (temperature below 1e-5) takes the argmax.
-Any other row divides its logits by the temperature, keeps its top_k largest, takes the softmax,
-keeps the top_p head of that distribution, renormalises and draws.
+min_tokens is not reached) get -inf, and the logit transforms run, in vLLM's order: logit_bias
+is added, repetition_penalty divides the positive logits and multiplies the negative ones of
+every token seen in the prompt or the output, frequency_penalty subtracts once per time a token
+was generated and presence_penalty once if it was. A greedy row (temperature below 1e-5) takes
+the argmax. Any other row divides its logits by the temperature, drops the tokens less likely
+than min_p times the most likely one, keeps its top_k largest, takes the softmax, keeps the
+top_p head of that distribution, renormalises and draws.
 
 **The exponential race.** To draw token i with probability p_i, give every token an independent
 E_i ~ Exp(1) and take argmax_i p_i / E_i. Each token "arrives" after a time E_i / p_i, an
@@ -97,6 +101,19 @@ class SamplingRow:
     position: int = 0  # index among the sequence's outputs of the token being drawn
     blocked_token_ids: list[int] = field(default_factory=list)  # forbidden this step
     num_logprobs: int = 0  # top logprobs this row asks for
+    min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability
+    repetition_penalty: float = 1.0  # 1 is off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added logit
+    prompt_token_ids: list[int] = field(default_factory=list)  # for repetition_penalty
+    output_token_ids: list[int] = field(default_factory=list)  # for all three penalties
+
+    @property
+    def transforms_logits(self) -> bool:
+        """Whether a penalty or a bias changes this row's logits."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0 or bool(self.logit_bias))
 
 
 @dataclass
@@ -110,6 +127,8 @@ class SamplingMetadata:
     positions: torch.Tensor  # [S] int64
     blocked_token_ids: torch.Tensor  # [S, M] int64, padded with -1
     num_logprobs: int = 0  # the most top logprobs any row asks for; 0 = none
+    min_p: torch.Tensor | None = None  # [S] float32; 0 keeps all; None: no row asks
+    penalties: "Penalties | None" = None  # None: no row transforms its logits
 
     @classmethod
     def from_rows(cls, rows: list[SamplingRow], vocab_size: int,
@@ -137,6 +156,59 @@ class SamplingMetadata:
             positions=tensor([row.position for row in rows], torch.int64),
             blocked_token_ids=tensor(blocked, torch.int64).reshape(len(rows), width),
             num_logprobs=max((row.num_logprobs for row in rows), default=0),
+            min_p=tensor([row.min_p for row in rows], torch.float32)
+            if any(row.min_p for row in rows) else None,
+            penalties=Penalties.from_rows(rows, vocab_size, device)
+            if any(row.transforms_logits for row in rows) else None,
+        )
+
+
+def _padded(lists: list[list], pad, dtype: torch.dtype, device) -> torch.Tensor:
+    """Lists of unequal lengths -> one [len(lists), longest] tensor, padded with pad."""
+    width = max((len(x) for x in lists), default=0)
+    return torch.tensor([list(x) + [pad] * (width - len(x)) for x in lists], dtype=dtype,
+                        device=device).reshape(len(lists), width)
+
+
+@dataclass
+class Penalties:
+    """The logit transforms' parameters of the S rows (only built when some row has one)."""
+
+    repetition: torch.Tensor  # [S] float32; 1 is off
+    presence: torch.Tensor  # [S] float32
+    frequency: torch.Tensor  # [S] float32
+    prompt_token_ids: torch.Tensor  # [S, P] int64, padded with -1
+    output_token_ids: torch.Tensor  # [S, O] int64, padded with -1
+    bias_token_ids: torch.Tensor  # [S, B] int64, padded with -1 (no id twice in a row)
+    bias_values: torch.Tensor  # [S, B] float32, 0 at the padding
+
+    @classmethod
+    def from_rows(cls, rows: list[SamplingRow], vocab_size: int, device) -> "Penalties":
+        for row in rows:
+            ids = [*row.logit_bias, *row.prompt_token_ids, *row.output_token_ids]
+            if any(not 0 <= t < vocab_size for t in ids):
+                raise ValueError(f"token ids of a row's penalties or logit_bias are outside "
+                                 f"the vocabulary of {vocab_size}")
+
+        def per_row(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        # A row without a repetition penalty needs no prompt, nor one without any penalty
+        # its output: they are left out rather than copied every step.
+        return cls(
+            repetition=per_row([row.repetition_penalty for row in rows]),
+            presence=per_row([row.presence_penalty for row in rows]),
+            frequency=per_row([row.frequency_penalty for row in rows]),
+            prompt_token_ids=_padded([row.prompt_token_ids
+                                      if row.repetition_penalty != 1.0 else []
+                                      for row in rows], -1, torch.int64, device),
+            output_token_ids=_padded([row.output_token_ids if row.repetition_penalty != 1.0
+                                      or row.presence_penalty or row.frequency_penalty
+                                      else [] for row in rows], -1, torch.int64, device),
+            bias_token_ids=_padded([list(row.logit_bias) for row in rows], -1, torch.int64,
+                                   device),
+            bias_values=_padded([list(row.logit_bias.values()) for row in rows], 0.0,
+                                torch.float32, device),
         )
 
 
@@ -156,31 +228,91 @@ def _blocked_mask(blocked_token_ids: torch.Tensor, vocab_size: int) -> torch.Ten
     return mask.scatter_(1, ids, True)[:, :vocab_size]  # [S, vocab], spare column dropped
 
 
+def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[S, M] ids padded with -1 -> [S, vocab] int64: how many times each token occurs."""
+    S = token_ids.shape[0]
+    ids = token_ids.masked_fill(token_ids < 0, vocab_size)  # padding -> a spare column
+    counts = torch.zeros(S, vocab_size + 1, dtype=torch.int64, device=token_ids.device)
+    return counts.scatter_add_(1, ids, torch.ones_like(ids))[:, :vocab_size]
+
+
+def penalty_tensors(penalties: "Penalties", vocab_size: int):
+    """The dense per-token inputs of the transforms, each [S, vocab]: the bias (float32),
+    whether a token was seen in the prompt or the output (bool), and how many times it
+    was generated (int64). Built by scatters, as vLLM builds its bin counts."""
+    pen = penalties
+    S = pen.bias_token_ids.shape[0]
+    ids = pen.bias_token_ids.masked_fill(pen.bias_token_ids < 0, vocab_size)
+    bias = torch.zeros(S, vocab_size + 1, dtype=torch.float32, device=ids.device)
+    bias = bias.scatter_(1, ids, pen.bias_values)[:, :vocab_size]
+    output_counts = _token_counts(pen.output_token_ids, vocab_size)
+    seen = (_token_counts(pen.prompt_token_ids, vocab_size) > 0) | (output_counts > 0)
+    return bias, seen, output_counts
+
+
+# --8<-- [start:penalties]
+def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """logits [S, vocab] float32 -> the logits after logit_bias and the three penalties,
+    in vLLM's order. Each is a plain elementwise transform of one row's logits:
+
+    - logit_bias adds its value to its tokens' logits (-100 all but bans a token);
+    - repetition_penalty r (vLLM's, from the CTRL paper) touches every token seen in
+      the prompt or the output: a positive logit is divided by r, a negative one
+      multiplied by r, so r > 1 makes a seen token less likely either way;
+    - frequency_penalty f and presence_penalty p (OpenAI's) look at the output only:
+      logit - f * (times generated) - p * (generated at all).
+    """
+    vocab = logits.shape[1]
+    bias, seen, output_counts = penalty_tensors(penalties, vocab)  # [S, vocab] each
+    logits = logits + bias
+    r = torch.where(seen, penalties.repetition[:, None], 1.0)  # [S, vocab]
+    logits = torch.where(logits > 0, logits / r, logits * r)
+    logits = logits - penalties.frequency[:, None] * output_counts
+    return logits - penalties.presence[:, None] * (output_counts > 0)
+# --8<-- [end:penalties]
+
+
+# --8<-- [start:min_p]
+def _min_p(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Temperature-scaled logits [R, vocab] -> the same with -inf where a token's
+    probability is below min_p times the row's largest (vLLM's min_p, after the
+    temperature). min_p = 0 drops nothing; min_p = 1 keeps only the most likely token
+    (and its ties)."""
+    probs = torch.softmax(scaled, dim=-1)  # [R, vocab] float32
+    floor = probs.amax(dim=-1, keepdim=True) * min_p[:, None]  # [R, 1]
+    return scaled.masked_fill(probs < floor, float("-inf"))
+# --8<-- [end:min_p]
+
+
 # --8<-- [start:cut]
-def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor) -> torch.Tensor:
+def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor | None = None) -> torch.Tensor:
     """Temperature-scaled logits [S, vocab] -> the renormalised distribution [S, vocab]
     float64 over the tokens that survive top_k, then top_p. Tied tokens survive or fall
     together.
 
-    A row that asks for neither cut (top_k off, top_p = 1) is a plain softmax; only the
-    rows that cut are sorted. Which path a row takes depends on its own parameters
-    alone.
+    A row that asks for no cut (min_p = 0, top_k off, top_p = 1) is a plain softmax;
+    only the rows that cut are sorted. Which path a row takes depends on its own
+    parameters alone. min_p runs first, as in vLLM.
     """
     S, vocab = scaled.shape
+    if min_p is None:
+        min_p = torch.zeros_like(top_p)
     probs = torch.softmax(scaled, dim=-1).double()  # [S, vocab]
-    cuts = ((top_k > 0) & (top_k < vocab)) | (top_p < 1)  # [S]
+    cuts = ((top_k > 0) & (top_k < vocab)) | (top_p < 1) | (min_p > 0)  # [S]
     if bool(cuts.any()):
         rows = cuts.nonzero()[:, 0]  # [R]
-        probs[rows] = _cut(scaled[rows], top_k[rows], top_p[rows])
+        probs[rows] = _cut(scaled[rows], top_k[rows], top_p[rows], min_p[rows])
     return probs / probs.sum(dim=-1, keepdim=True)  # [S, vocab] float64
 
 
-def _cut(scaled: torch.Tensor, top_k: torch.Tensor,
-         top_p: torch.Tensor) -> torch.Tensor:
-    """The distribution [R, vocab] float64 (not yet renormalised) after the top_k and
-    top_p cuts, for rows that ask for at least one of them."""
+def _cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+         min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """The distribution [R, vocab] float64 (not yet renormalised) after the min_p,
+    top_k and top_p cuts, for rows that ask for at least one of them."""
     R, vocab = scaled.shape
+    if min_p is not None:
+        scaled = _min_p(scaled, min_p)  # [R, vocab]
     positions = torch.arange(vocab, device=scaled.device).expand(R, vocab)  # [R, vocab]
     # Softmax does not change the order, so one sort serves both cuts.
     # [R, vocab] each
@@ -210,6 +342,13 @@ def _cut(scaled: torch.Tensor, top_k: torch.Tensor,
 # --8<-- [end:cut]
 
 
+def _min_ps(metadata: SamplingMetadata) -> torch.Tensor:
+    """[S] float32 min_p of each row (None in the metadata: every row's is 0)."""
+    if metadata.min_p is None:
+        return torch.zeros_like(metadata.temperature)
+    return metadata.min_p
+
+
 # --8<-- [start:sample]
 def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     """logits [S, vocab] -> one token per row, its logprob and the rows' top
@@ -223,6 +362,8 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         blocked = _blocked_mask(metadata.blocked_token_ids, vocab)  # [S, vocab]
         logits = logits.masked_fill(blocked, float("-inf"))
     # --8<-- [end:raw_logprobs]
+    if metadata.penalties is not None:  # some row has a penalty or a logit bias
+        logits = apply_penalties(logits, metadata.penalties)  # [S, vocab]
 
     greedy = metadata.temperature < GREEDY_BELOW  # [S]
     greedy_tokens = torch.argmax(logits, dim=-1)  # [S], first index on ties
@@ -232,7 +373,8 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     if drawn.numel():
         md = metadata
         scaled = logits[drawn] / md.temperature[drawn][:, None]  # [D, vocab]
-        probs = _top_k_top_p(scaled, md.top_k[drawn], md.top_p[drawn])  # [D, vocab]
+        probs = _top_k_top_p(scaled, md.top_k[drawn], md.top_p[drawn],
+                             _min_ps(md)[drawn])  # [D, vocab]
         # The exponential race: token i wins with probability p_i.
         # [D, vocab] float64
         u = random_uniform(md.streams[drawn], md.positions[drawn], vocab)
