@@ -88,8 +88,10 @@ class ModelRunner(ReferenceModelRunner):
         # --8<-- [end:buffers]
         self.attention = self._attention_context()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # Graphs capture the kernel's launches; a swapped-in op may sync with the host.
-        self.use_graphs = self.attention is DeviceAttention and not config.enforce_eager
+        # Graphs capture the kernel's launches; a swapped-in op may sync with the host, and a
+        # tensor-parallel forward's all-reduces are not captured (gloo cannot be; NCCL untried).
+        self.use_graphs = (self.attention is DeviceAttention and not config.enforce_eager
+                           and config.tensor_parallel_size == 1)
         self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= sc.max_num_seqs]
 
     # --8<-- [start:attention_context]

@@ -81,6 +81,10 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
     async def health():
         if not engine.is_running:
             raise APIError(500, "the engine thread has stopped")
+        try:
+            engine.engine.check_health()  # a tensor-parallel engine's ranks
+        except Exception as err:  # noqa: BLE001 - any failure: not healthy, and why
+            raise APIError(503, str(err)) from None
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -17,7 +17,8 @@ KV_CACHE_DTYPE_HELP = ("how the KV cache stores keys and values: auto (the model
 
 
 def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
-    """--kv-cache-dtype and --calculate-kv-scales (vLLM's names): serve and generate."""
+    """How the engine stores and splits the model (vLLM's names): --kv-cache-dtype,
+    --calculate-kv-scales, --quantization*, --tensor-parallel-size; serve and generate."""
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help=KV_CACHE_DTYPE_HELP)
     parser.add_argument("--calculate-kv-scales", action="store_true",
@@ -34,6 +35,9 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         "blocks of llama.cpp's Q4 formats)")
     parser.add_argument("--quantization-skip", nargs="+", default=[], metavar="LAYER",
                         help="linear layers to leave unquantized, e.g. lm_head")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="ranks splitting every layer, each a process with its shard and "
+                        "its KV heads (gloo on the CPU, NCCL with one GPU per rank)")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

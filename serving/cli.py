@@ -136,7 +136,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   calculate_kv_scales=args.calculate_kv_scales,
                   quantization=args.quantization,
                   quantization_group_size=args.quantization_group_size,
-                  quantization_skip=tuple(args.quantization_skip))
+                  quantization_skip=tuple(args.quantization_skip),
+                  tensor_parallel_size=args.tensor_parallel_size)
     except ValueError as err:
         raise _flagged(err) from err
     if args.chat is not None:  # one user message through the checkpoint's chat template

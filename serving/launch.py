@@ -38,7 +38,8 @@ def load_llm(args: argparse.Namespace):
                    calculate_kv_scales=args.calculate_kv_scales,
                    quantization=args.quantization,
                    quantization_group_size=args.quantization_group_size,
-                   quantization_skip=tuple(args.quantization_skip))
+                   quantization_skip=tuple(args.quantization_skip),
+                   tensor_parallel_size=args.tensor_parallel_size)
     if args.tier == "optimized":
         from pagedllm.optimized import LLM
     else:
@@ -73,7 +74,10 @@ def serve(args: argparse.Namespace) -> int:
           f"{args.block_size} tokens, max_model_len {app.state.engine.max_model_len}) on "
           f"http://{host}:{port}/v1", flush=True)
     config = uvicorn.Config(app, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        llm.shutdown()  # a tensor-parallel engine's worker ranks end with the server
     return 0
 
 

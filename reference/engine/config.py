@@ -22,6 +22,7 @@ from ..model.config import ModelConfig
 from ..model.gguf import converted_from
 from ..model.loader import parse_device
 from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
+from ..model.tensor_parallel import attention_heads, check_tensor_parallel_size
 from ..ops import KV_CACHE_DTYPES, REFERENCE_BACKEND, Backend, KVCacheFormat, kv_cache_format
 from ..ops.weight_quant import INT4_GROUP_SIZES, WEIGHT_QUANTIZATIONS
 from .model_runner import ModelRunner
@@ -73,6 +74,7 @@ class EngineArgs:
     quantization: str | None = None  # weights: "int8" (per output channel), "int4" (per group)
     quantization_group_size: int = 32  # int4: inputs per group (32, 64, 128 or 256)
     quantization_skip: tuple[str, ...] = ()  # linear layers left unquantized, e.g. ("lm_head",)
+    tensor_parallel_size: int = 1  # ranks splitting every layer (torch.distributed workers)
 # --8<-- [end:engine_args]
 
     def create_engine_config(self) -> "EngineConfig":
@@ -104,6 +106,7 @@ class EngineConfig:
     quantization: str | None = None
     quantization_group_size: int = 32
     quantization_skip: tuple[str, ...] = ()
+    tensor_parallel_size: int = 1
 
     # The scheduler's budgets, read where the engine's config is read (engine.config.X).
     @property
@@ -162,6 +165,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         dtype_name = "bfloat16"  # weight-only kernels take bf16 activations (seed 003's pairing)
     _check_tier_options(args, runner)
     check_int("block_size", args.block_size, low=1)
+    _check_tensor_parallel(args, device)
     check_int("swap_space_blocks", args.swap_space_blocks, low=0)
     check_float("swap_space", args.swap_space, 0.0)
     if args.swap_space and args.swap_space_blocks:
@@ -211,6 +215,16 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                               f"must be >= max_model_len ({max_model_len}) unless "
                               "enable_chunked_prefill: a whole prompt must fit in one step")
     per_token = kv_size(model_dir, dtype_name, kv_format.name).bytes_per_token  # scales included
+    if args.tensor_parallel_size > 1:
+        try:
+            check_tensor_parallel_size(cfg, args.tensor_parallel_size)
+        except ValueError as err:
+            raise FieldValueError("tensor_parallel_size", str(err)) from None
+        # Each rank's pool holds its KV heads only: kv_cache_memory is per rank (per GPU), sized
+        # for the rank holding the most heads.
+        most = max(len(attention_heads(cfg, r, args.tensor_parallel_size)[1])
+                   for r in range(args.tensor_parallel_size))
+        per_token = per_token * most // cfg.num_kv_heads
     num_gpu_blocks = _num_gpu_blocks(args, runner, device, per_token)
     swap_space_blocks = args.swap_space_blocks or int(args.swap_space * 2**30) // (
         per_token * args.block_size)
@@ -239,7 +253,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                                 else args.gpu_memory_utilization),
         kv_cache_dtype=kv_format.name, calculate_kv_scales=args.calculate_kv_scales,
         quantization=args.quantization, quantization_group_size=args.quantization_group_size,
-        quantization_skip=quant_skip)
+        quantization_skip=quant_skip, tensor_parallel_size=args.tensor_parallel_size)
 # --8<-- [end:create_engine_config]
 
 
@@ -312,6 +326,27 @@ def _check_tier_options(args: EngineArgs, runner: type[ModelRunner]) -> None:
         raise FieldValueError("enforce_eager", f"enforce_eager turns CUDA graphs off, which "
                               f"the {runner.tier} tier never captures; it is an option of the "
                               "optimized tier (pagedllm.optimized.LLM)")
+
+
+def _check_tensor_parallel(args: EngineArgs, device: torch.device) -> None:
+    """The sizes that can be refused before the checkpoint is read (the heads are checked
+    once it is), and the options a tensor-parallel engine does not run yet."""
+    check_int("tensor_parallel_size", args.tensor_parallel_size, low=1)
+    tp = args.tensor_parallel_size
+    if tp == 1:
+        return
+    if device.type == "cuda" and tp > torch.cuda.device_count():
+        raise FieldValueError("tensor_parallel_size", f"tensor_parallel_size {tp} needs {tp} "
+                              f"GPUs, one per rank; {torch.cuda.device_count()} are visible")
+    if args.quantization == "gguf":
+        raise FieldValueError("quantization", "quantization 'gguf' keeps the file's 4-bit "
+                              "blocks whole, and tensor parallelism splits them: use 'int8' or "
+                              "'int4' (quantized after the split), or tensor_parallel_size=1")
+    if args.num_gpu_blocks is None and args.kv_cache_memory is None and \
+            args.model_runner.profiles_kv_cache and device.type == "cuda":
+        raise FieldValueError("tensor_parallel_size", "a tensor-parallel engine does not "
+                              "profile each rank's GPU yet: give kv_cache_memory (bytes per "
+                              "rank) or num_gpu_blocks")
 
 
 def _check_quantization(args: EngineArgs) -> tuple[str, ...]:

@@ -24,15 +24,20 @@ from collections.abc import Callable
 import torch
 
 from ..kv import CacheEngine, ContiguousKVCacheManager, PagedKVCacheManager
-from ..model import load_model
-from ..model.gguf import converted_from
 from ..model.loader import load_tokenizer
-from ..model.quantization import float_linears, quantize_model, weight_bytes
+from ..model.quantization import float_linears, weight_bytes
+from ..model.tensor_parallel import attention_heads
 from ..ops import SamplerOutput
 from .beam_search import BeamSearchParams, rank_beams, select_beams
 from .config import EngineArgs, EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestOutput
+from .parallel_runner import (
+    TensorParallelRunner,
+    load_rank_model,
+    run_torchrun_worker,
+    torchrun_rank,
+)
 from .request_checks import check_params, check_request, prompt_ids
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
@@ -54,6 +59,8 @@ class LLMEngine:
         # blocks), named before a tier's runner rewrites the modules.
         self.float_linears = float_linears(model) if config.quantization else []
         self.runner = config.model_runner(model, config)  # the tier, chosen once
+        if config.tensor_parallel_size > 1:  # model: rank 0's shard; the others start here
+            self.runner = TensorParallelRunner(self.runner, config)
         cfg = config.model_config
         # None: the runner measures what the GPU has left once weights and a step are in.
         num_gpu_blocks = config.num_gpu_blocks or self.runner.profile_num_blocks()
@@ -65,12 +72,11 @@ class LLMEngine:
                                                config.reservation_policy, config.max_model_len)
         self.device = next(self.runner.model.parameters()).device
         self.cache_engine = CacheEngine(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv.block_size,
-            self.kv.num_total_blocks, config.swap_space_blocks if config.kv_layout == "paged"
-            else 0, config.dtype, self.device, self.runner.backend, config.kv_cache_dtype,
-            config.calculate_kv_scales)
-        self.runner.bind_kv_cache(self.cache_engine.gpu_k, self.cache_engine.gpu_v,
-                                  self.cache_engine.quant)
+            cfg.num_layers, len(attention_heads(cfg, 0, config.tensor_parallel_size)[1]),
+            cfg.head_dim, self.kv.block_size, self.kv.num_total_blocks,
+            config.swap_space_blocks if config.kv_layout == "paged" else 0, config.dtype,
+            self.device, self.runner.backend, config.kv_cache_dtype, config.calculate_kv_scales)
+        self.runner.bind_kv_cache(self.cache_engine)
         self.tokenizer = tokenizer
         self.vocab_size = cfg.vocab_size
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
@@ -88,11 +94,21 @@ class LLMEngine:
         """Check the options (before any weight loads), then load the checkpoint's model and
         tokenizer and build the engine."""
         config = args.create_engine_config()
-        model = load_model(config.model_dir, dtype=config.dtype, device=config.device)
-        if config.quantization is not None:  # the float weights are dropped layer by layer
-            model = quantize_model(model, config.quantization, config.quantization_group_size,
-                                   config.quantization_skip, converted_from(config.model_dir))
+        if config.tensor_parallel_size > 1 and torchrun_rank():
+            # torchrun runs the caller's script on every rank: here it is a worker's, which
+            # serves rank 0's steps and ends with it.
+            run_torchrun_worker(config)
+            raise SystemExit(0)
+        model = load_rank_model(config, rank=0)
         return cls(config, model, load_tokenizer(config.model_dir))
+
+    def check_health(self) -> None:
+        """Raise if the engine cannot run a step (a tensor-parallel rank has died)."""
+        self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """End what the engine started (a tensor-parallel engine's worker ranks)."""
+        self.runner.shutdown()
 
     @property
     def model(self) -> torch.nn.Module:
@@ -152,7 +168,7 @@ class LLMEngine:
         sched = None
         try:
             sched = self.scheduler.schedule()
-            self.cache_engine.apply(sched.blocks_to_swap_out, sched.blocks_to_swap_in,
+            self.runner.move_blocks(sched.blocks_to_swap_out, sched.blocks_to_swap_in,
                                     sched.blocks_to_copy)
             if sched.scheduled:
                 inputs = prepare_inputs(sched, self.kv, self.vocab_size, self.eos_token_id,
@@ -334,12 +350,14 @@ class LLMEngine:
             "prefill_tokens": c["prefill_tokens"], "decode_tokens": c["decode_tokens"],
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped),
-            # What the pool stores and costs: bytes per token count the int8/int4 scales.
+            # What the pool stores and costs: bytes per token count the int8/int4 scales; a
+            # tensor-parallel engine's are rank 0's (its KV heads only).
             "kv_cache_dtype": self.config.kv_cache_dtype,
             "kv_bytes_per_token": self.cache_engine.nbytes() // max(total * self.kv.block_size, 1),
             "kv_cache_bytes": self.cache_engine.nbytes(),
             "kv_capacity_tokens": total * self.kv.block_size,
             "quantization": self.config.quantization,
-            "weight_bytes": self.weight_bytes,
+            "weight_bytes": self.weight_bytes,  # of rank 0's shard when tensor-parallel
+            "tensor_parallel_size": self.config.tensor_parallel_size,
             "float_linears": self.float_linears,
         }

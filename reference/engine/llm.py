@@ -111,6 +111,17 @@ class LLM:
     def stats(self) -> dict:
         return self.engine.stats()
 
+    def shutdown(self) -> None:
+        """End what the engine started (a tensor-parallel engine's worker ranks); also at exit,
+        or at the end of ``with LLM(...) as llm:``."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
 
 def _prompt_list(prompts) -> list:
     """One prompt (text or a dict) or a list of prompts; a flat list of ints is ambiguous."""

@@ -15,6 +15,7 @@ checks read (``config.py``), so that a tier refuses what it does not run at the 
 
 import torch
 
+from ..kv import CacheEngine
 from ..model import KVCacheQuant, PagedAttention
 from ..ops import Backend, SamplerOutput, SamplingMetadata
 from .step_inputs import StepInputs
@@ -34,12 +35,19 @@ class ModelRunner:
         self.v_caches: list[torch.Tensor] = []
         self.kv_quant = KVCacheQuant()
 
-    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                      kv_quant: KVCacheQuant | None = None) -> None:
-        """The KV pool's tensors, one K and one V per layer, allocated by the cache engine, and
-        how they are quantized (their scales)."""
-        self.k_caches, self.v_caches = k_caches, v_caches
-        self.kv_quant = kv_quant or KVCacheQuant()
+    def bind_kv_cache(self, cache_engine: CacheEngine) -> None:
+        """The KV pool (one K and one V tensor per layer, allocated by the cache engine) and how
+        it is quantized (its scales)."""
+        self.cache_engine = cache_engine
+        self.k_caches, self.v_caches = cache_engine.gpu_k, cache_engine.gpu_v
+        self.kv_quant = cache_engine.quant
+
+    def move_blocks(self, blocks_to_swap_out: list[tuple[int, int]],
+                    blocks_to_swap_in: list[tuple[int, int]],
+                    blocks_to_copy: list[tuple[int, int]]) -> None:
+        """Carry out the scheduler's block moves on the pool, before the step's forward (a
+        tensor-parallel runner also has every rank do them on its own pool)."""
+        self.cache_engine.apply(blocks_to_swap_out, blocks_to_swap_in, blocks_to_copy)
 
     # --8<-- [start:execute]
     @torch.inference_mode()
@@ -54,3 +62,9 @@ class ModelRunner:
     def sample(self, logits: torch.Tensor, sampling: SamplingMetadata) -> SamplerOutput:
         """One token per logits row (the backend's sampler: the reference's or a kernel)."""
         return self.backend.sample(logits, sampling)
+
+    def check_health(self) -> None:
+        """One process, nothing to lose: a tensor-parallel runner checks its ranks here."""
+
+    def shutdown(self) -> None:
+        """Nothing was started: a tensor-parallel runner ends its ranks here."""

@@ -1,0 +1,336 @@
+"""Tensor-parallel execution: rank 0's model runner drives ranks 1..N-1 through the same seam.
+
+The engine does not change. It schedules, keeps the KV bookkeeping and builds each step's inputs
+once, on rank 0, and calls its runner as always; with ``tensor_parallel_size=N`` that runner is
+a ``TensorParallelRunner``, which hands every step to the other ranks before running its own
+shard of the model::
+
+    rank 0 (the caller's process)                    ranks 1..N-1 (worker processes)
+      engine: schedule, KV bookkeeping, inputs          waiting for the next step
+      runner.move_blocks(...)     (queued for the workers, done on rank 0's pool now)
+      runner.execute(inputs)
+        publish (block moves, step tensors) --------->  the same moves on my pool
+        my shard's forward  <---- 2 all-reduces per layer ---->  my shard's forward
+        logits [S, vocab]   <---- gather ------------------  my slice of the logits
+      sample, update, stops (rank 0 only)
+
+Each rank holds its shard of every layer (``model/tensor_parallel.py``) and its own KV pool with
+its KV heads only; the block tables, slot mapping and block moves are the same on every rank,
+because blocks are numbered alike everywhere and only the heads inside a block differ.
+
+How a step reaches the workers: rank 0 pickles the step's tensors (and the block moves queued
+since the last step) into torch.distributed's key-value store (a ``TCPStore`` served by rank
+0), under the step's number; each worker waits for that key. A store wait can time out and be
+retried, so a worker idles for as long as the server does, while the collectives of the
+forward run over gloo (the CPU) or NCCL (GPUs) with a bounded timeout. vLLM broadcasts each
+SchedulerOutput through a shared-memory ring buffer and nano-vllm through a shared-memory block
+plus events: faster on one machine, but a store also reaches the ranks of other machines
+(``torchrun --nnodes``).
+
+Ranks 1..N-1 are started here (torch.multiprocessing, spawn), or by ``torchrun``: then every
+process runs the user's script, rank 0's ``LLM(...)`` becomes the engine, and on the other ranks
+``LLM(...)`` serves as that rank's worker and ends the process when rank 0 shuts down.
+
+Faults: a worker that dies makes the next collective fail (its sockets close) or time out
+(``COLLECTIVE_TIMEOUT``); either way the runner ends every rank, frees the process group and
+raises; the engine finishes the step's requests with an error, and every later step raises
+at once: the engine is down (``check_health``) and a new one can be built.
+"""
+
+import atexit
+import os
+import pickle
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..kv import CacheEngine
+from ..model import load_model
+from ..model.gguf import converted_from
+from ..model.quantization import quantize_model
+from ..model.tensor_parallel import attention_heads, load_model_shard
+from .step_inputs import StepInputs
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=30)  # a hung rank fails the step after this
+STORE_POLL = timedelta(seconds=5)  # a waiting worker looks up at least this often
+START_TIMEOUT = 300.0  # seconds for every worker to load its shard and join
+
+
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel rank stopped: the engine is down and must be rebuilt."""
+
+
+def load_rank_model(config, rank: int = 0) -> torch.nn.Module:
+    """The model rank `rank` runs: the whole checkpoint, or its shard when the engine is
+    tensor-parallel (its slices read, nothing else); quantized as the config says."""
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        model = load_model(config.model_dir, dtype=config.dtype, device=config.device)
+    else:
+        model = load_model_shard(config.model_dir, rank, tp, config.dtype, rank_device(config,
+                                                                                          rank))
+    if config.quantization is not None:  # the float weights are dropped layer by layer
+        model = quantize_model(model, config.quantization, config.quantization_group_size,
+                               config.quantization_skip, converted_from(config.model_dir))
+    return model
+
+
+def rank_device(config, rank: int) -> torch.device:
+    """One GPU per rank (cuda:0, cuda:1, ...); every rank of a CPU engine on the CPU."""
+    return torch.device("cuda", rank) if config.device.type == "cuda" else config.device
+
+
+def cache_engine_for(config, rank: int, backend) -> CacheEngine:
+    """Rank's KV pool: every block of the engine's pool, for this rank's KV heads only."""
+    cfg = config.model_config
+    heads = len(attention_heads(cfg, rank, config.tensor_parallel_size)[1])
+    return CacheEngine(cfg.num_layers, heads, cfg.head_dim, config.block_size,
+                       config.num_gpu_blocks, config.swap_space_blocks, config.dtype,
+                       rank_device(config, rank), backend, config.kv_cache_dtype,
+                       config.calculate_kv_scales)
+
+
+@dataclass
+class StepMessage:
+    """What a worker needs of a step: the block moves, then the forward's tensors (the
+    sampling rows stay on rank 0, which alone samples)."""
+
+    moves: list[tuple[list, list, list]]  # (swap_out, swap_in, copy) per engine step
+    inputs: StepInputs | None  # None: shut down
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started it (RANK in the environment), else None."""
+    return int(os.environ["RANK"]) if "RANK" in os.environ and "MASTER_ADDR" in os.environ \
+        else None
+
+
+# -- rank 0 ------------------------------------------------------------------------------------
+# --8<-- [start:runner]
+class TensorParallelRunner:
+    """Rank 0's runner: the tier's runner over rank 0's shard, plus the other ranks."""
+
+    def __init__(self, runner, config):
+        self.runner, self.config = runner, config
+        self.world_size = config.tensor_parallel_size
+        self.step_number = 0
+        self.pending_moves: list[tuple[list, list, list]] = []
+        self.publish_seconds: list[float] = []  # per step: putting the step in the store
+        self.error: BaseException | None = None
+        self.workers, self.store = _start_ranks(config)
+        atexit.register(self.shutdown)
+
+    # What the engine reads of a runner, rank 0's.
+    @property
+    def model(self):
+        return self.runner.model
+
+    @property
+    def backend(self):
+        return self.runner.backend
+
+    def bind_kv_cache(self, cache_engine: CacheEngine) -> None:
+        self.runner.bind_kv_cache(cache_engine)
+
+    def move_blocks(self, swap_out, swap_in, copy) -> None:
+        self.check_health()
+        self.runner.move_blocks(swap_out, swap_in, copy)
+        if swap_out or swap_in or copy:  # the workers do them before their next forward
+            self.pending_moves.append((swap_out, swap_in, copy))
+
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """Publish the step, then run rank 0's shard: logits [S, vocab], gathered here."""
+        self.check_health()
+        try:
+            start = time.perf_counter()
+            self._publish(StepMessage(self.pending_moves, _without_sampling(inputs)))
+            self.publish_seconds.append(time.perf_counter() - start)
+            self.pending_moves = []
+            logits = self.runner.execute(inputs)  # collectives with every rank inside
+        except BaseException as err:
+            # The ranks are now out of step (some inside a collective, some not): end them all.
+            self._fail(err)
+            raise self.error from err
+        self.store.delete_key(_key(self.step_number - 1))  # every rank has read it
+        return logits
+    # --8<-- [end:runner]
+
+    def sample(self, logits, sampling):
+        return self.runner.sample(logits, sampling)
+
+    def check_health(self) -> None:
+        """Raise WorkerDiedError if a rank has stopped (the engine is then down)."""
+        if self.error is None:
+            dead = [(rank, p.exitcode) for rank, p in enumerate(self.workers, 1)
+                    if not p.is_alive()]
+            if dead:
+                self._fail(None)
+        if self.error is not None:
+            raise self.error
+
+    def _publish(self, message: StepMessage) -> None:
+        self.store.set(_key(self.step_number), pickle.dumps(message))
+        self.step_number += 1
+
+    def _fail(self, err: BaseException | None) -> None:
+        codes = ", ".join(f"rank {rank}: exit code {p.exitcode}" if p.exitcode is not None
+                          else f"rank {rank}: running" for rank, p in enumerate(self.workers, 1))
+        reason = f"{type(err).__name__}: {err}" if err is not None else "a worker process ended"
+        codes = codes or "ranks started by torchrun"
+        self.error = WorkerDiedError(f"the tensor-parallel engine is down ({reason}; {codes}); "
+                                     "its requests end with an error: build a new engine")
+        self.shutdown(graceful=False)
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """End every rank (a shutdown message, then a kill after a grace period) and free the
+        process group. Safe to call twice."""
+        if self.store is None:
+            return
+        atexit.unregister(self.shutdown)
+        if graceful and self.error is None:
+            try:
+                self._publish(StepMessage([], None))
+            except Exception:  # noqa: BLE001 - the store is gone: the workers end by themselves
+                pass
+        for p in self.workers:
+            p.join(10.0 if graceful and self.error is None else 0.5)
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.store = None
+
+
+def _key(step: int) -> str:
+    return f"pagedllm/step/{step}"
+
+
+def _without_sampling(inputs: StepInputs) -> StepInputs:
+    return StepInputs(inputs.input_ids, inputs.positions, inputs.attn_metadata,
+                      inputs.logits_indices, rows=[], sampling=None)
+
+
+def _start_ranks(config) -> tuple[list, dist.Store]:
+    """Start ranks 1..N-1 (or join torchrun's) and the process group; rank 0 is this process.
+    Returns the spawned processes (none under torchrun) and the step store."""
+    if dist.is_initialized():
+        raise RuntimeError("this process already runs a torch.distributed process group (another "
+                           "tensor-parallel engine?): shut that engine down first")
+    tp, backend = config.tensor_parallel_size, _backend(config)
+    if torchrun_rank() is not None:  # torchrun started every rank: its environment rendezvous
+        _check_torchrun_world(tp)
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+        store = _step_store(is_master=True)
+        dist.barrier()  # every rank has loaded its shard
+        return [], store
+    store = dist.TCPStore("127.0.0.1", 0, tp, is_master=True, timeout=COLLECTIVE_TIMEOUT,
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    workers = []
+    quiet = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"  # a store wait's timeout is routine, not news
+    try:
+        for rank in range(1, tp):
+            p = ctx.Process(target=_worker_main, args=(config, rank, store.port, os.getpid()),
+                            name=f"pagedllm-tp-rank{rank}", daemon=True)
+            p.start()
+            workers.append(p)
+    finally:
+        if quiet is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL")
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = quiet
+    try:
+        dist.init_process_group(backend, store=store, rank=0, world_size=tp,
+                                timeout=timedelta(seconds=START_TIMEOUT))
+        dist.barrier()  # every rank has loaded its shard
+    except BaseException:
+        for p in workers:
+            p.kill()
+            p.join(5.0)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    return workers, store
+
+
+def _backend(config) -> str:
+    return "nccl" if config.device.type == "cuda" else "gloo"
+
+
+def _check_torchrun_world(tp: int) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != tp:
+        raise ValueError(f"tensor_parallel_size {tp} under torchrun needs {tp} processes in all "
+                         f"(--nnodes x --nproc-per-node); WORLD_SIZE is {world}")
+
+
+def _step_store(is_master: bool) -> dist.Store:
+    """torchrun's case: a store of our own beside torchrun's, one port above MASTER_PORT."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1,
+                         int(os.environ["WORLD_SIZE"]), is_master=is_master,
+                         timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False)
+
+
+# -- ranks 1..N-1 --------------------------------------------------------------------------------
+def _worker_main(config, rank: int, port: int, parent_pid: int) -> None:
+    """A spawned worker: join the group, load the shard, serve steps until told to stop."""
+    torch.set_num_threads(1)  # a rank per core: they share the machine with rank 0
+    store = dist.TCPStore("127.0.0.1", port, config.tensor_parallel_size, is_master=False,
+                          timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(_backend(config), store=store, rank=rank,
+                            world_size=config.tensor_parallel_size,
+                            timeout=COLLECTIVE_TIMEOUT)
+    try:
+        serve_steps(config, rank, store, parent_pid)
+    except Exception:  # noqa: BLE001 - the parent sees the exit code; the trace says why
+        traceback.print_exc()
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+def run_torchrun_worker(config) -> None:
+    """Ranks 1..N-1 under torchrun: the same loop, joined through torchrun's environment."""
+    _check_torchrun_world(config.tensor_parallel_size)
+    dist.init_process_group(_backend(config), timeout=COLLECTIVE_TIMEOUT)
+    try:
+        serve_steps(config, dist.get_rank(), _step_store(is_master=False), None)
+    finally:
+        dist.destroy_process_group()
+
+
+# --8<-- [start:worker]
+def serve_steps(config, rank: int, store: dist.Store, parent_pid: int | None) -> None:
+    """One rank's loop: its shard, its pool; each step's block moves, then its forward."""
+    runner = config.model_runner(load_rank_model(config, rank), config)
+    cache_engine = cache_engine_for(config, rank, runner.backend)
+    runner.bind_kv_cache(cache_engine)
+    dist.barrier()  # loaded: rank 0 may start
+    step = 0
+    while True:
+        message = _next_step(store, step, parent_pid)
+        if message.inputs is None:
+            return
+        for moves in message.moves:
+            runner.move_blocks(*moves)
+        runner.execute(message.inputs)  # the collectives: rank 0 gets the logits
+        cache_engine.quant.calculate_scales = False  # fp8: set by the first forward
+        step += 1
+# --8<-- [end:worker]
+
+
+def _next_step(store: dist.Store, step: int, parent_pid: int | None) -> StepMessage:
+    """Wait for step `step`'s message, as long as it takes, while rank 0 is alive."""
+    while True:
+        try:
+            store.wait([_key(step)], STORE_POLL)
+            return pickle.loads(store.get(_key(step)))
+        except dist.DistStoreError:  # the wait timed out: rank 0 is idle
+            if parent_pid is not None and os.getppid() != parent_pid:
+                raise RuntimeError("rank 0's process ended; this worker stops too") from None
