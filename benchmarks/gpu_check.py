@@ -45,6 +45,10 @@ leaves the others running; the table says which failed):
    about 1024 tokens of context): its memory-bandwidth floor is (weight bytes + K/V bytes read)
    / the bandwidth of a large device-to-device copy measured in the same run; the share is
    floor / step time, for the engine's whole step and for the forward alone.
+5. parallel: ``benchmarks/parallel_cpu.py`` with tensor_parallel_size 1 and 2 (one GPU per rank,
+   NCCL) on the random model: tokens per second, ms per step, the share of a step spent in
+   collectives and publishing the step. Runs only where more than one GPU is lent (skipped with
+   one); the dry run takes the gloo path on the CPU.
 
 Goals, printed beside the numbers: end-to-end >= 10x transformers generate; decode step >= 70 %
 of its bandwidth floor. A missed goal is reported, not failed. Exit status 1 if any section
@@ -95,7 +99,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = {"full": 455.0, "quick": 300.0, "dry": 600.0}  # the whole run; 8 minutes is the limit
 # Each section's share of the budget left when it starts (time a section leaves unused goes to
 # the sections after it).
-WEIGHTS = {"compile": 60, "tests": 150, "kernels": 55, "e2e": 70, "decode": 35}
+WEIGHTS = {"compile": 60, "tests": 150, "kernels": 55, "e2e": 70, "decode": 35, "parallel": 20}
 GRACE_S = 8.0  # a worker's time limit beyond its own budget: clean-up
 
 GOAL_E2E = 10.0  # x transformers generate
@@ -645,6 +649,28 @@ def section_e2e(run: Run, model: str, timeout: float, tmp: Path) -> None:
         run.fail(f"e2e {model}: {why}" + (f" (not run: {', '.join(missing)})" if missing else ""))
 
 
+def section_parallel(run: Run, timeout: float, tmp: Path) -> None:
+    """tensor_parallel_size 1 vs 2 (``parallel_cpu.py``): on two GPUs (NCCL) where more than one
+    is lent; the dry run takes the same path on the CPU (gloo); with one GPU, skipped."""
+    if not run.args.dry_run and torch.cuda.device_count() < 2:
+        run.row("parallel", "tensor_parallel_size 2", "skipped: one GPU")
+        return
+    report = tmp / "parallel.json"
+    cmd = python(ROOT / "benchmarks" / "parallel_cpu.py", "--models", "random", "--json", report,
+                 *(["--quick"] if run.args.dry_run else ["--device", "cuda"]),
+                 "--root", tmp / "checkpoints")
+    rc, _ = run.child("parallel", cmd, timeout)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    run.sections["parallel"] = {"exit": rc, **data}
+    for row in data.get("random", []):
+        run.row("parallel", f"random model, tensor_parallel_size {row['tp']}",
+                f"{row['tok_s']:.0f} tok/s, {row['ms_per_step']:.1f} ms/step, comm "
+                f"{row['comm_share']:.0%}")
+    if rc != 0:
+        run.fail(f"parallel: {'ran out of time' if rc is None else f'exit {rc}'}")
+        run.row("parallel", "parallel_cpu.py", "failed", status="FAILED")
+
+
 def section_decode(run: Run, timeout: float, tmp: Path) -> None:
     out = tmp / "decode.json"
     rc, _ = run.child("decode", worker_cmd(run, "decode", out, timeout - GRACE_S, tmp), timeout)
@@ -676,11 +702,11 @@ def print_table(run: Run, device: str) -> None:
             "quick": "quick", "full": "full"}[run.mode]
     print(f"\n== gpu_check: {device}; torch {torch.__version__}; {mode}; "
           f"{run.elapsed():.0f} s ==")
-    header = f"{'section':8}{'item':46}{'result':44}{'goal':13}status"
+    header = f"{'section':9}{'item':46}{'result':44}{'goal':13}status"
     print(header)
     print("-" * len(header))
     for r in run.rows:
-        print(f"{r['section']:8}{r['item'][:45]:46}{r['result'][:43]:44}{r['goal']:13}"
+        print(f"{r['section']:9}{r['item'][:45]:46}{r['result'][:43]:44}{r['goal']:13}"
               f"{r['status']}")
     print("-" * len(header))
     for failure in run.failures:
@@ -709,6 +735,7 @@ def orchestrate(args) -> int:
     plan.append(("kernels", WEIGHTS["kernels"]))
     plan += [(f"e2e {m}", WEIGHTS["e2e"]) for m in models]
     plan.append(("decode", WEIGHTS["decode"]))
+    plan.append(("parallel", WEIGHTS["parallel"]))
     with tempfile.TemporaryDirectory(prefix="pagedllm-gpu-check-") as tmp:
         tmp = Path(tmp)
         (tmp / "checkpoints").mkdir()
@@ -723,6 +750,8 @@ def orchestrate(args) -> int:
                     section_kernels(run, timeout, tmp)
                 elif name.startswith("e2e "):
                     section_e2e(run, name[4:], timeout, tmp)
+                elif name == "parallel":
+                    section_parallel(run, timeout, tmp)
                 else:
                     section_decode(run, timeout, tmp)
             except Exception as exc:  # the orchestrator's own bug: the other sections still run

@@ -28,7 +28,10 @@ def test_gpu_check_dry_run(tmp_path):
     rows = table[2:-2]
     assert all("FAILED" not in row for row in rows), out
     sections = {row.split()[0] for row in rows}
-    assert sections == {"compile", "tests", "kernels", "e2e", "decode"}, out
+    assert sections == {"compile", "tests", "kernels", "e2e", "decode", "parallel"}, out
+    # tensor_parallel_size 1 and 2 over gloo (a GPU run takes NCCL, with two GPUs or more)
+    assert sum(row.startswith("parallel") and "tensor_parallel_size" in row
+               for row in rows) == 2, out
     for model in ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b"):
         assert any(row.split()[1] == f"{model}:" for row in rows), out
     for system in ("optimized engine", "optimized engine, int8 weights",
