@@ -104,7 +104,8 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
                                      response_id)
         run = RequestRun(ids, outputs, req.params, response_id, served_model_name,
                          engine.tokenizer, chat=req.chat, logprobs=req.logprobs,
-                         include_usage=req.include_usage)
+                         include_usage=req.include_usage, echo=req.echo,
+                         generates=req.generates)
         return EngineResponse(engine, run, stream=req.stream, timeout=request_timeout)
 
     @app.post("/v1/completions")

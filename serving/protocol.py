@@ -2,8 +2,8 @@
 
 Requests are validated strictly (``"max_tokens": "16"`` is refused, not read as 16), and an
 unknown field is ignored, as OpenAI's own clients send fields this engine has no use for
-(``user``, ...). A field the engine cannot honour at a non-default value (``echo``,
-``suffix``, ...) is refused with a 400 naming it rather than silently ignored.
+(``user``, ...). A field the engine cannot honour at a non-default value (``suffix``, chat's
+``echo``, ...) is refused with a 400 naming it rather than silently ignored.
 
 Every error answers with OpenAI's error body, which the ``openai`` client turns into its
 exceptions (``openai.BadRequestError`` and friends)::
@@ -71,7 +71,7 @@ class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None  # top logprobs per token (OpenAI allows up to 5; we allow more)
-    echo: bool = False  # not implemented: refused unless False
+    echo: bool = False  # the prompt (text, and with logprobs its tokens') before the completion
     suffix: str | None = None  # not implemented: refused unless None
 
 
@@ -103,10 +103,10 @@ class ChatCompletionRequest(_Request):
     add_generation_prompt: bool = True  # vLLM's extension
     response_format: dict | None = None  # not implemented: refused unless {"type": "text"}
     tools: list | None = None  # not implemented: refused unless empty
+    echo: bool = False  # completions only: refused unless False (request_mapping.py)
 
 
 UNSUPPORTED = {  # field: (the value that is accepted, what to say)
-    "echo": (False, "echo is not supported by this engine"),
     "suffix": (None, "suffix is not supported by this engine"),
 }
 

@@ -32,6 +32,8 @@ class EngineRequest:
     logprobs: int | None  # top logprobs per token; None: no logprobs
     include_usage: bool  # a stream's last chunk holds the usage
     stream: bool
+    echo: bool = False  # completions: the prompt comes back before the completion
+    generates: bool = True  # False: max_tokens 0 with echo, the prompt is only scored
 
 
 def refusal(err: Exception, prompt_field: str) -> APIError:
@@ -55,7 +57,7 @@ class RequestMapper:
                                 f"`{self.model_name}` (GET /v1/models)", "model")
 
     def _params(self, req, max_tokens: int | None, logprobs: int | None,
-                prompt_field: str) -> SamplingParams:
+                prompt_field: str, prompt_logprobs: int | None = None) -> SamplingParams:
         """OpenAI's fields -> SamplingParams, whose own checks name the field (400).
 
         The sampler holds temperature and top_p as float32 and top_k as int64: a temperature
@@ -79,7 +81,7 @@ class RequestMapper:
                 n=req.n, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed,
                 max_tokens=max_tokens if max_tokens is not None else self.max_model_len,
                 min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos, logprobs=logprobs,
+                ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 repetition_penalty=req.repetition_penalty,
                 presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, min_p=req.min_p,
@@ -91,7 +93,17 @@ class RequestMapper:
     def completion(self, data) -> EngineRequest:
         req = parse_request(CompletionRequest, data)
         self._check_model(req.model)
-        params = self._params(req, req.max_tokens, req.logprobs, "prompt")
+        # echo with logprobs: the prompt's tokens' logprobs too (vLLM: prompt_logprobs =
+        # logprobs). max_tokens 0 with echo scores the prompt and generates nothing: the
+        # engine draws one token (as vLLM does), which the answer leaves out.
+        max_tokens, generates = req.max_tokens, True
+        if max_tokens == 0:
+            if not req.echo:
+                raise APIError(400, "max_tokens = 0 generates nothing: it is accepted only "
+                                    "with echo: true (to score the prompt)", "max_tokens")
+            max_tokens, generates = 1, False
+        params = self._params(req, max_tokens, req.logprobs, "prompt",
+                              prompt_logprobs=req.logprobs if req.echo else None)
         prompt = req.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompts = [prompt]
@@ -104,12 +116,16 @@ class RequestMapper:
                 check_utf8(p, "prompt")
         prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
         return EngineRequest(prompts, params, "prompt", chat=False, logprobs=req.logprobs,
-                             include_usage=_include_usage(req), stream=req.stream)
+                             include_usage=_include_usage(req), stream=req.stream,
+                             echo=req.echo, generates=generates)
 
     # -- /v1/chat/completions ------------------------------------------------------------------
     def chat(self, data) -> EngineRequest:
         req = parse_request(ChatCompletionRequest, data)
         self._check_model(req.model)
+        if req.echo:
+            raise APIError(400, "echo is not supported by /v1/chat/completions (a chat has no "
+                                "prompt text to echo); use /v1/completions", "echo")
         if self.tokenizer is None or not self.tokenizer.chat_template:
             raise APIError(400, f"the model `{self.model_name}` has no chat template (it is not "
                                 "a chat model): use /v1/completions with a plain prompt",

@@ -2,9 +2,12 @@
 
 ``RequestRun`` reads the outputs of the request's engine requests and shapes them: one JSON body
 at the end (``body``), or server-sent events as the steps produce them (``first_events``,
-``events``, ``last_events``), with logprobs and usage in OpenAI's shapes. ``EngineResponse`` is
-the ASGI response that sends them while it watches the connection: a client that hangs up, or a
-request past its time limit, is aborted in the engine.
+``events``, ``last_events``), with logprobs and usage in OpenAI's shapes. A completion with
+``echo`` starts with its prompt: the prompt's text before the completion's, and with logprobs
+the prompt's tokens before the completion's in OpenAI's legacy layout (the first token's
+logprob None: nothing predicts it), as vLLM answers; with ``max_tokens: 0`` the prompt alone.
+``EngineResponse`` is the ASGI response that sends them while it watches the connection: a
+client that hangs up, or a request past its time limit, is aborted in the engine.
 """
 
 import asyncio
@@ -24,8 +27,11 @@ class RequestRun:
 
     def __init__(self, ids: list[str], outputs: asyncio.Queue, params: SamplingParams,
                  response_id: str, model_name: str, tokenizer, *, chat: bool,
-                 logprobs: int | None, include_usage: bool):
+                 logprobs: int | None, include_usage: bool, echo: bool = False,
+                 generates: bool = True):
         self.ids, self.outputs, self.params = ids, outputs, params
+        self.echo, self.generates = echo, generates
+        self.echoed: dict[int, int] = {}  # streams: choice -> its prompt's text length, sent
         self.id, self.model_name, self.tokenizer = response_id, model_name, tokenizer
         self.chat, self.logprobs, self.include_usage = chat, logprobs, include_usage
         self.created = now()
@@ -56,19 +62,37 @@ class RequestRun:
         return self.ids.index(out.request_id) * self.params.n + completion.index
 
     def _usage(self, outs) -> dict:
+        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
         return usage(sum(len(o.prompt_token_ids) for o in outs),
-                     sum(len(c.token_ids) for o in outs for c in o.outputs))
+                     generated if self.generates else 0)  # max_tokens 0: none kept
 
     # -- logprobs ---------------------------------------------------------------------------
     def _token(self, token_id: int) -> str:
         tok = self.tokenizer
         return tok.decode([token_id]) if tok is not None else str(token_id)
 
-    def _logprobs(self, completion, start: int, text_offset: int = 0):
+    def _prompt_text(self, out) -> str:
+        """What echo sends of the prompt: its text, or its token ids decoded (special
+        tokens kept, as vLLM does)."""
+        if out.prompt is not None:
+            return out.prompt
+        tok = self.tokenizer
+        return tok.decode(out.prompt_token_ids) if tok is not None else ""
+
+    def _echo(self, out) -> tuple[str, list]:
+        """The prompt's text and its (token, logprobs) entries, the first (None) included."""
+        entries = list(zip(out.prompt_token_ids, out.prompt_logprobs or [], strict=False))
+        return self._prompt_text(out), entries
+
+    def _logprobs(self, completion, start: int, text_offset: int = 0, before=()):
+        """The completion's token logprobs from token `start` on, after the entries
+        `before` (echo's prompt entries; an entry's logprobs None: the first token)."""
         if self.logprobs is None or completion.logprobs is None:
             return None
-        entries = list(zip(completion.token_ids[start:], completion.logprobs[start:],
-                           strict=True))
+        entries = list(before)
+        if self.generates:
+            entries += zip(completion.token_ids[start:], completion.logprobs[start:],
+                           strict=True)
         k = self.logprobs
         if self.chat:
             return {"content": [{
@@ -82,8 +106,10 @@ class RequestRun:
         for piece in tokens:
             offsets.append(at)
             at += len(piece)
-        return {"tokens": tokens, "token_logprobs": [lps[t] for t, lps in entries],
-                "top_logprobs": [{self._token(i): lp for i, lp in _top(lps, k)}
+        return {"tokens": tokens,
+                "token_logprobs": [None if lps is None else lps[t] for t, lps in entries],
+                "top_logprobs": [None if lps is None else
+                                 {self._token(i): lp for i, lp in _top(lps, k)}
                                  for _, lps in entries],
                 "text_offset": offsets}
 
@@ -93,12 +119,15 @@ class RequestRun:
         choices = []
         for out in outs:
             for c in out.outputs:
-                choice = {"index": self._index(out, c), "logprobs": self._logprobs(c, 0),
-                          "finish_reason": _finish_reason(c)}
+                prompt, before = self._echo(out) if self.echo else ("", [])
+                text = prompt + c.text if self.generates else prompt
+                choice = {"index": self._index(out, c),
+                          "logprobs": self._logprobs(c, 0, before=before),
+                          "finish_reason": _finish_reason(c) if self.generates else "length"}
                 if self.chat:
                     choice["message"] = {"role": "assistant", "content": c.text}
                 else:
-                    choice["text"] = c.text
+                    choice["text"] = text
                 choices.append(choice)
         choices.sort(key=lambda ch: ch["index"])
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
@@ -127,14 +156,30 @@ class RequestRun:
             index = self._index(out, c)
             sent, sent_tokens = self.sent_text.get(index, 0), self.sent_tokens.get(index, 0)
             done = c.finish_reason is not None
+            if not self.generates:  # max_tokens 0: the prompt alone, once it is scored
+                if done and index not in self.echoed:
+                    prompt, before = self._echo(out)
+                    self.echoed[index] = len(prompt)
+                    chunks.append(self._chunk([{
+                        "index": index, "text": prompt, "finish_reason": "length",
+                        "logprobs": self._logprobs(c, 0, before=before)}]))
+                continue
+            prompt, before = "", []
+            echo_now = self.echo and index not in self.echoed and bool(c.token_ids or done)
+            if echo_now:  # the prefill is done: the prompt goes out first
+                prompt, before = self._echo(out)
+                self.echoed[index] = len(prompt)
             end = len(c.text) if done else max(sent, len(c.text) - self.holdback)
             delta = c.text[sent:end]
             new_tokens = len(c.token_ids) > sent_tokens
-            if not delta and not done and not (new_tokens and self.logprobs is not None):
+            if not (delta or echo_now or done or (new_tokens and self.logprobs is not None)):
                 continue
             if done and index in self.sent_text and self.sent_text[index] < 0:
                 continue  # its last chunk went out already
-            logprobs = self._logprobs(c, sent_tokens, sent) if new_tokens else None
+            # text offsets count the echoed prompt's text, sent in this choice's first chunk
+            offset = sent + (0 if echo_now else self.echoed.get(index, 0))
+            logprobs = (self._logprobs(c, sent_tokens, offset, before=before)
+                        if new_tokens or echo_now else None)
             self.sent_text[index] = -1 if done else end
             self.sent_tokens[index] = len(c.token_ids)
             choice = {"index": index, "logprobs": logprobs,
@@ -142,7 +187,7 @@ class RequestRun:
             if self.chat:
                 choice["delta"] = {"content": delta} if delta or not done else {}
             else:
-                choice["text"] = delta
+                choice["text"] = prompt + delta
             chunks.append(self._chunk([choice]))
         return chunks
 

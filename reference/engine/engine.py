@@ -38,6 +38,7 @@ from .parallel_runner import (
     run_torchrun_worker,
     torchrun_rank,
 )
+from .prompt_logprobs import collect_prompt_logprobs
 from .request_checks import check_params, check_request, prompt_ids
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
@@ -175,9 +176,9 @@ class LLMEngine:
                                         self.device)
                 for observe in self.step_observers:
                     observe(self, sched, inputs)
-                logits = self.runner.execute(inputs)  # [S, vocab]
+                logits = self.runner.execute(inputs)  # [S (+ P prompt rows), vocab]
                 self.cache_engine.quant.calculate_scales = False  # fp8: set by this forward
-                sampled = self.runner.sample(logits, inputs.sampling)
+                sampled = self.runner.sample(logits[:len(inputs.rows)], inputs.sampling)
                 self.scheduler.update_from_output(sched)
                 self._update(inputs, logits, sampled)
         except BaseException:
@@ -213,7 +214,9 @@ class LLMEngine:
     # --8<-- [start:update]
     def _update(self, inputs: StepInputs, logits: torch.Tensor, sampled: SamplerOutput) -> None:
         """The sampled tokens join their sequences: n > 1 prompts fork, beams are selected,
-        stops are checked, finished samples free their blocks."""
+        stops are checked, finished samples free their blocks; prompt rows give their
+        prompt logprobs."""
+        collect_prompt_logprobs(inputs.prompt_rows, logits[len(inputs.rows):])
         beam_rows: dict[SequenceGroup, list[int]] = {}
         tokens, logprobs = sampled.token_ids.tolist(), sampled.logprobs.tolist()
         top_ids, top_lps = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
@@ -327,8 +330,11 @@ class LLMEngine:
             seq.index, seq.output_text, list(seq.output_token_ids), seq.cumulative_logprob,
             list(seq.logprobs) if getattr(group.sampling_params, "logprobs", None) is not None
             else None, seq.finish_reason, seq.stop_reason) for seq in group.seqs]
+        # the prompt's entries once all are in (the same list every time: no copy)
+        wanted = group.prompt_logprobs
+        done = wanted is not None and len(wanted) == len(prompt_ids)
         return RequestOutput(group.request_id, group.prompt, prompt_ids, completions,
-                             group.is_finished)
+                             group.is_finished, prompt_logprobs=wanted if done else None)
 
     def _decode(self, tokens: list[int]) -> str:
         if self.tokenizer is None:

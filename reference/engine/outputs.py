@@ -22,3 +22,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    # with SamplingParams.prompt_logprobs: None, then per prompt token {token id: logprob}
+    # (the token's own and the top k), once the prefill is done (prompt_logprobs.py)
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -4,8 +4,8 @@ An accepted request always finishes, so everything that could stop it from finis
 now, with a ValueError naming the field (``FieldValueError.field``: a server answers 400 for that
 field without reading the message): a prompt that is empty, outside the vocabulary or longer
 than max_model_len; more sequences or tokens per step than the budgets allow; more KV memory
-than the whole pool holds (it could never finish); logprobs, stop tokens or logit_bias ids
-past the vocabulary.
+than the whole pool holds (it could never finish); logprobs, prompt_logprobs, stop tokens or
+logit_bias ids past the vocabulary.
 """
 
 import torch
@@ -76,6 +76,10 @@ def check_request(request_id: str, num_prompt_tokens: int, params, kv,
         if params.logprobs is not None and params.logprobs > vocab_size:
             raise FieldValueError("logprobs", f"logprobs = {params.logprobs} is more than the "
                                   f"vocabulary of {vocab_size} tokens")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > vocab_size:
+            raise FieldValueError("prompt_logprobs", f"prompt_logprobs = "
+                                  f"{params.prompt_logprobs} is more than the vocabulary of "
+                                  f"{vocab_size} tokens")
         bad = [t for t in params.stop_token_ids if t >= vocab_size]
         if bad:
             raise FieldValueError("stop_token_ids", f"stop_token_ids {bad[:5]} are outside the "

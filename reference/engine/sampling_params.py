@@ -31,6 +31,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # return the top-k logprobs of every generated token
+    prompt_logprobs: int | None = None  # every prompt token's logprob and the top k
     # "cumulative": every step that touches the request returns its output so far
     # (streaming); "final_only": only the finished output (LLM.generate) — then nobody
     # reads the text before the end, and it is decoded once, at the end, unless stop
@@ -64,6 +65,8 @@ class SamplingParams:
         check_int("min_tokens", self.min_tokens, low=0, high=self.max_tokens)
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, low=0)
+        if self.prompt_logprobs is not None:
+            check_int("prompt_logprobs", self.prompt_logprobs, low=0)
         check_bool("ignore_eos", self.ignore_eos)
         check_choice("output_kind", self.output_kind, OUTPUT_KINDS)
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -87,6 +87,22 @@ class SequenceGroup:
     seed: int  # sample i draws its random numbers from stream seed + i (ops/sampling.py)
     prompt: str | None = None
     finished_beams: list[BeamSearchSequence] = field(default_factory=list)  # beam search only
+    # With SamplingParams.prompt_logprobs: the prompt's entries so far (prompt_logprobs.py),
+    # [None] at first (the first token has no logprob); None when not asked for.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+
+    def __post_init__(self):
+        if getattr(self.sampling_params, "prompt_logprobs", None) is not None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """May admission take this group's leading blocks from the prefix cache? Not while
+        its prompt logprobs are incomplete: a cached block's positions are not computed, so
+        they would have no logits (vLLM skips the lookup for such requests altogether; here
+        a request preempted by recompute after its prompt's entries are all in reads it)."""
+        wanted = self.prompt_logprobs
+        return wanted is None or len(wanted) == len(self.seqs[0].prompt_token_ids)
 
     @property
     def is_beam_search(self) -> bool:

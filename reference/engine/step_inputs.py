@@ -8,21 +8,23 @@ manager knows where their tokens live. This turns both into flat tensors (vLLM V
     block_tables [B, max_blocks]      each sequence's physical blocks, int32, zero-padded
     seq_lens [B]                      tokens in the cache per sequence after this step
     query_start_loc [B + 1]           sequence b's rows are query_start_loc[b]:[b + 1]
-    logits_indices [S]                the rows whose logits are sampled: each sequence's last
+    logits_indices [S (+ P)]          the rows whose logits are sampled: each sequence's last
                                       row when the step reaches its last token — repeated n times
-                                      for a prompt that forks into n samples
+                                      for a prompt that forks into n samples; then the P prompt
+                                      rows of requests with prompt_logprobs (prompt_logprobs.py)
     sampling                          one row of sampling parameters per logits row
 
 After this, no layer asks the block manager anything or converts anything to a Python list.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..model import AttentionMetadata
 from ..ops import SamplingMetadata
 from ..ops.sampling import SamplingRow
+from .prompt_logprobs import PromptLogprobRows, prompt_rows
 from .scheduler import ScheduledSeq, SchedulerOutput
 
 
@@ -43,6 +45,8 @@ class StepInputs:
     logits_indices: torch.Tensor
     rows: list[LogitsRow]
     sampling: SamplingMetadata
+    # prompt_logprobs' rows: logits rows len(rows) onwards, in this order
+    prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
 
 
 def _sample_indices(item: ScheduledSeq) -> list[int]:
@@ -83,7 +87,7 @@ def _sampling_row(item: ScheduledSeq, index: int,
 def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
                    eos_token_id: int | None, device: torch.device) -> StepInputs:
     ids, positions, slots, tables, seq_lens, starts = [], [], [], [], [], [0]
-    rows, logits_indices = [], []
+    rows, logits_indices, kept, kept_indices = [], [], [], []
     for item in sched.scheduled:
         seq = item.seq
         start = seq.num_computed_tokens
@@ -94,6 +98,11 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         tables.append(kv.block_table(seq))
         seq_lens.append(end)
         starts.append(len(ids))
+        if item.group.prompt_logprobs is not None:  # asked for: the prompt's rows too
+            keep = prompt_rows(item.group, start, end, starts[-2])
+            if keep is not None:
+                kept.append(keep)
+                kept_indices += range(keep.flat_start, keep.flat_start + keep.num)
         # the step reaches the sequence's last token: it predicts the next one
         if item.samples:
             for index in _sample_indices(item):
@@ -124,7 +133,7 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),  # [T]
         positions=torch.tensor(positions, dtype=torch.int64, device=device),  # [T]
         attn_metadata=attn,
-        logits_indices=torch.tensor(logits_indices, dtype=torch.int64,
-                                    device=device),  # [S]
-        rows=rows, sampling=sampling)
+        logits_indices=torch.tensor(logits_indices + kept_indices, dtype=torch.int64,
+                                    device=device),  # [S + P]
+        rows=rows, sampling=sampling, prompt_rows=kept)
 # --8<-- [end:prepare_inputs]

@@ -13,7 +13,8 @@ each running sequence computes next), free, fork, swap_out / swap_in (paged only
 step's inputs block_table / slot_mapping. Where data must move, a verb returns block pairs and
 the scheduler passes them on in its output; the cache engine (``cache_engine.py``) moves them.
 
-A group is anything with ``seqs``, ``unfinished_seqs()`` and ``sampling_params.max_tokens``; a
+A group is anything with ``seqs``, ``unfinished_seqs()``, ``sampling_params.max_tokens`` and
+``reads_prefix_cache`` (False: admission looks nothing up in the prefix cache for it); a
 sequence anything with ``seq_id``, ``token_ids``, ``output_token_ids`` and a length (the
 engine's SequenceGroup and Sequence): this package never imports the engine.
 """
@@ -31,6 +32,12 @@ class KVCacheBlocks:
 
     block_ids: list[int]
     num_cached_tokens: int = 0
+
+
+def _lookup_ids(group, seq) -> list[int] | None:
+    """The tokens to look up in the prefix cache at admission: none (no lookup) for a group
+    that must compute every prompt position (it wants its prompt logprobs)."""
+    return seq.token_ids if group.reads_prefix_cache else None
 
 
 WATERMARK = 0.01  # admission leaves 1 % of the blocks free, as vLLM does, so that a request just
@@ -78,7 +85,7 @@ class PagedKVCacheManager:
 
     # --8<-- [start:can_admit]
     def can_admit(self, group) -> bool:
-        needed = sum(self.manager.num_new_blocks(len(s), s.token_ids)
+        needed = sum(self.manager.num_new_blocks(len(s), _lookup_ids(group, s))
                      for s in group.unfinished_seqs())
         return self.num_free_blocks - needed >= min(self.watermark_blocks,
                                                     self.num_total_blocks - needed)
@@ -90,7 +97,7 @@ class PagedKVCacheManager:
         prefix cache already holds (they need no prefill)."""
         admitted = []
         for seq in group.unfinished_seqs():
-            blocks = self.manager.allocate(seq.seq_id, len(seq), seq.token_ids)
+            blocks = self.manager.allocate(seq.seq_id, len(seq), _lookup_ids(group, seq))
             admitted.append(KVCacheBlocks(list(blocks),
                                           self.manager.num_cached_tokens(seq.seq_id)))
         return admitted
