@@ -37,6 +37,7 @@ from pagedllm.reference.engine.sampling_params import SamplingParams
 
 from .args import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_TIMEOUT
 from .async_engine import AsyncLLMEngine
+from .data_parallel import DataParallelEngine, DataParallelLLM
 from .gate import Gate, read_json
 from .launch import ServerThread, bind, load_llm, serve, served_name
 from .metrics import ServerMetrics
@@ -53,14 +54,18 @@ __all__ = ["build_app", "EngineResponse", "ServerThread", "bind", "load_llm", "s
 def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None = None,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT) -> Gate:
-    """The server around a loaded ``LLM`` of either tier. ``app.state.engine`` is the
-    AsyncLLMEngine (started and stopped with the app), ``app.state.metrics`` its metrics."""
+    """The server around a loaded ``LLM`` of either tier, or a ``DataParallelLLM``'s replicas.
+    ``app.state.engine`` is the AsyncLLMEngine (or the DataParallelEngine routing to one per
+    replica), started and stopped with the app; ``app.state.metrics`` its (engine 0's)
+    metrics."""
     metrics = ServerMetrics(served_model_name)
-    engine = AsyncLLMEngine(llm, metrics)
+    # A DataParallelLLM's replicas run elsewhere: its engine routes to one AsyncLLMEngine each.
+    engine = (DataParallelEngine(llm, metrics) if isinstance(llm, DataParallelLLM)
+              else AsyncLLMEngine(llm, metrics))
     mapper = RequestMapper(served_model_name, engine.tokenizer, engine.max_model_len,
-                           engine.engine.vocab_size)
+                           engine.vocab_size)
     tokenization = Tokenization(served_model_name, engine.tokenizer, engine.max_model_len,
-                                engine.engine.vocab_size)
+                                engine.vocab_size)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -82,7 +87,7 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
         if not engine.is_running:
             raise APIError(500, "the engine thread has stopped")
         try:
-            engine.engine.check_health()  # a tensor-parallel engine's ranks
+            engine.check_health()  # a tensor-parallel engine's ranks, a replica's process
         except Exception as err:  # noqa: BLE001 - any failure: not healthy, and why
             raise APIError(503, str(err)) from None
         return {"status": "ok"}

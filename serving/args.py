@@ -76,6 +76,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true",
                         help="optimized tier: no CUDA graphs")
     add_kv_cache_arguments(parser)
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                        help="engine replicas, each a process with the whole model (or its "
+                        "--tensor-parallel-size ranks) and its own KV pool, behind this one "
+                        "server; each request goes to the least-loaded replica")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger request bodies get 413")

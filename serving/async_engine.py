@@ -86,6 +86,7 @@ class AsyncLLMEngine:
         self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
         self.metrics = metrics
         self.max_model_len = self.engine.config.max_model_len
+        self.vocab_size = self.engine.vocab_size
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._live: dict[str, _Tracked] = {}  # engine thread only
@@ -112,6 +113,15 @@ class AsyncLLMEngine:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests taken and not yet finished (read from the event loop: a len is atomic)."""
+        return len(self._live)
+
+    def check_health(self) -> None:
+        """Raise if the engine cannot step (a tensor-parallel rank, a replica has died)."""
+        self.engine.check_health()
 
     async def add_request(self, request_id: str, prompt, params, arrival: float | None = None,
                           queue: asyncio.Queue | None = None) -> RequestStream:
@@ -211,18 +221,12 @@ class AsyncLLMEngine:
         # the snapshot is refreshed by the next step, or here when no step follows
 
     def _add(self, request_id, prompt, params, stream, accepted, arrival) -> None:
-        added = False
         try:
             self.engine.add_request(request_id, prompt, params)
-            added = True
-            group = self.engine.groups[request_id]
-            tracked = _Tracked(stream, arrival, prompt_len=len(group.seqs[0].prompt_token_ids))
         except Exception as err:  # noqa: BLE001 - a refused request: the caller gets the error
-            if added:  # taken, then the bookkeeping failed: out again, or nobody reads it
-                self._abort(request_id)
             self._call(_settle, accepted, err)
             return
-        self._live[request_id] = tracked
+        self._live[request_id] = _Tracked(stream, arrival)
         self._call(_settle, accepted, None)
         if not self.engine.has_unfinished_requests():
             self._snapshot()
@@ -279,6 +283,7 @@ class AsyncLLMEngine:
         if new > 0:
             if tracked.first_token is None:
                 tracked.first_token = now
+                tracked.prompt_len = len(out.prompt_token_ids)
                 m.ttft.observe(now - tracked.arrival)
                 m.prompt_tokens.inc(tracked.prompt_len)
             else:

@@ -1,7 +1,9 @@
 """The server's Prometheus metrics, named as vLLM names them with ``pagedllm:`` for ``vllm:``.
 
 A dashboard built for vLLM reads these once its queries say ``pagedllm:`` where they said
-``vllm:``. Every metric carries vLLM's ``model_name`` label.
+``vllm:``. Every metric carries vLLM's ``model_name`` label and vLLM V1's ``engine`` label:
+"0", or each data-parallel replica's index (``--data-parallel-size``); sum over it for the
+server's total.
 
 Gauges, set after every engine step from ``LLMEngine.stats()``:
 
@@ -47,60 +49,93 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
+# name -> (kind, help, buckets or extra label): the families, made once per registry.
+FAMILIES = {
+    "num_requests_running": ("gauge", "Requests in the running queue.", None),
+    "num_requests_waiting": ("gauge", "Requests waiting to be admitted.", None),
+    "num_requests_swapped": ("gauge", "Requests swapped out to CPU memory.", None),
+    "kv_cache_usage_perc": ("gauge", "KV-cache blocks in use, 0 to 1.", None),
+    "gpu_cache_usage_perc": ("gauge", "KV-cache blocks in use, 0 to 1 (vLLM V0's name for "
+                             "kv_cache_usage_perc).", None),
+    "gpu_prefix_cache_hit_rate": ("gauge", "Prompt tokens found in the prefix cache / prompt "
+                                  "tokens looked up.", None),
+    "kv_cache_bytes_per_token": ("gauge", "KV-cache bytes per token, as --kv-cache-dtype "
+                                 "stores it (scales included).", None),
+    "kv_cache_capacity_tokens": ("gauge", "Tokens the KV pool holds.", None),
+    "num_preemptions": ("counter", "Preemptions, by mode.", "mode"),
+    "prompt_tokens": ("counter", "Prompt tokens prefilled.", None),
+    "generation_tokens": ("counter", "Tokens generated.", None),
+    "prefix_cache_queries": ("counter", "Prompt tokens looked up in the prefix cache.", None),
+    "prefix_cache_hits": ("counter", "Prompt tokens found in the prefix cache.", None),
+    "request_success": ("counter", "Requests finished, by finish reason.", "finished_reason"),
+    "time_to_first_token_seconds": ("histogram", "Arrival to first token.", TTFT_BUCKETS),
+    "time_per_output_token_seconds": ("histogram", "Time between a request's token-producing "
+                                      "steps.", TPOT_BUCKETS),
+    "e2e_request_latency_seconds": ("histogram", "Arrival to last token.", E2E_BUCKETS),
+    "request_prompt_tokens": ("histogram", "Prompt length.", TOKEN_BUCKETS),
+    "request_generation_tokens": ("histogram", "Tokens generated per request.", TOKEN_BUCKETS),
+}
+LABELS = ["model_name", "engine"]
+
+
+def _families(registry: CollectorRegistry) -> dict:
+    made = {}
+    for name, (kind, doc, extra) in FAMILIES.items():
+        if kind == "gauge":
+            made[name] = Gauge(PREFIX + name, doc, LABELS, registry=registry)
+        elif kind == "counter":
+            made[name] = Counter(PREFIX + name, doc, LABELS + ([extra] if extra else []),
+                                 registry=registry)
+        else:
+            made[name] = Histogram(PREFIX + name, doc, LABELS, buckets=extra,
+                                   registry=registry)
+    return made
+
+
 class ServerMetrics:
-    """One registry per server (tests run several servers in one process)."""
+    """One engine's metrics. One registry per server (tests run several servers in one
+    process); a data-parallel server's engines share it, each with its ``engine`` label (0, 1,
+    ...: vLLM V1 labels its engines so): ``for_engine(i)`` gives engine i's, and a total is the
+    sum over the label."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
-        self.registry = reg = registry or CollectorRegistry()
-        label = ["model_name"]
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None,
+                 engine: int = 0, families: dict | None = None):
+        self.model_name, self.engine = model_name, engine
+        self.registry = registry or CollectorRegistry()
+        self.families = families or _families(self.registry)
+        ids = (model_name, str(engine))
 
-        def gauge(name, doc):
-            return Gauge(PREFIX + name, doc, label, registry=reg).labels(model_name)
+        def child(name):
+            return self.families[name].labels(*ids)
 
-        def counter(name, doc):
-            return Counter(PREFIX + name, doc, label, registry=reg).labels(model_name)
-
-        def histogram(name, doc, buckets):
-            return Histogram(PREFIX + name, doc, label, buckets=buckets,
-                             registry=reg).labels(model_name)
-
-        self.running = gauge("num_requests_running", "Requests in the running queue.")
-        self.waiting = gauge("num_requests_waiting", "Requests waiting to be admitted.")
-        self.swapped = gauge("num_requests_swapped", "Requests swapped out to CPU memory.")
-        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache blocks in use, 0 to 1.")
-        self.gpu_usage = gauge("gpu_cache_usage_perc", "KV-cache blocks in use, 0 to 1 (vLLM "
-                               "V0's name for kv_cache_usage_perc).")
-        self.prefix_hit_rate = gauge("gpu_prefix_cache_hit_rate", "Prompt tokens found in the "
-                                     "prefix cache / prompt tokens looked up.")
-        self.kv_bytes_per_token = gauge("kv_cache_bytes_per_token", "KV-cache bytes per token, "
-                                        "as --kv-cache-dtype stores it (scales included).")
-        self.kv_capacity = gauge("kv_cache_capacity_tokens", "Tokens the KV pool holds.")
-        preemptions = Counter(PREFIX + "num_preemptions", "Preemptions, by mode.",
-                              [*label, "mode"], registry=reg)
-        self.preemptions = {mode: preemptions.labels(model_name, mode)
+        self.running = child("num_requests_running")
+        self.waiting = child("num_requests_waiting")
+        self.swapped = child("num_requests_swapped")
+        self.kv_usage = child("kv_cache_usage_perc")
+        self.gpu_usage = child("gpu_cache_usage_perc")
+        self.prefix_hit_rate = child("gpu_prefix_cache_hit_rate")
+        self.kv_bytes_per_token = child("kv_cache_bytes_per_token")
+        self.kv_capacity = child("kv_cache_capacity_tokens")
+        self.preemptions = {mode: self.families["num_preemptions"].labels(*ids, mode)
                             for mode in ("recompute", "swap")}
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens prefilled.")
-        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the "
-                                      "prefix cache.")
-        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        success = Counter(PREFIX + "request_success", "Requests finished, by finish reason.",
-                          [*label, "finished_reason"], registry=reg)
-        self.finished = {reason: success.labels(model_name, reason)
+        self.prompt_tokens = child("prompt_tokens")
+        self.generation_tokens = child("generation_tokens")
+        self.prefix_queries = child("prefix_cache_queries")
+        self.prefix_hits = child("prefix_cache_hits")
+        self.finished = {reason: self.families["request_success"].labels(*ids, reason)
                          for reason in ("stop", "length", "abort", "error")}
-        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.",
-                              TTFT_BUCKETS)
-        self.tpot = histogram("time_per_output_token_seconds", "Time between a request's "
-                              "token-producing steps.", TPOT_BUCKETS)
-        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.",
-                             E2E_BUCKETS)
-        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt length.",
-                                               TOKEN_BUCKETS)
-        self.request_generation_tokens = histogram("request_generation_tokens",
-                                                   "Tokens generated per request.", TOKEN_BUCKETS)
+        self.ttft = child("time_to_first_token_seconds")
+        self.tpot = child("time_per_output_token_seconds")
+        self.e2e = child("e2e_request_latency_seconds")
+        self.request_prompt_tokens = child("request_prompt_tokens")
+        self.request_generation_tokens = child("request_generation_tokens")
         self._last = {"preemptions_recompute": 0, "preemptions_swap": 0,
                       "prefix_cache_hit_tokens": 0, "prefill_tokens": 0}
         self._queried = self._hit = 0
+
+    def for_engine(self, engine: int) -> "ServerMetrics":
+        """Engine ``engine``'s metrics, in this registry."""
+        return ServerMetrics(self.model_name, self.registry, engine, self.families)
 
     def update_from_stats(self, stats: dict) -> None:
         """Gauges take the engine's numbers; counters move by what changed since last time."""

@@ -227,7 +227,8 @@ def _start_ranks(config) -> tuple[list, dist.Store]:
         _check_torchrun_world(tp)
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
         store = _step_store(is_master=True)
-        dist.barrier()  # every rank has loaded its shard
+        for rank in range(1, tp):  # each rank has its shard and its pool
+            store.wait([f"pagedllm/loaded/{rank}"], timedelta(seconds=START_TIMEOUT))
         return [], store
     store = dist.TCPStore("127.0.0.1", 0, tp, is_master=True, timeout=COLLECTIVE_TIMEOUT,
                           wait_for_workers=False)
@@ -247,17 +248,39 @@ def _start_ranks(config) -> tuple[list, dist.Store]:
         else:
             os.environ["TORCH_CPP_LOG_LEVEL"] = quiet
     try:
+        _wait_for_workers(store, "joined", workers)
         dist.init_process_group(backend, store=store, rank=0, world_size=tp,
-                                timeout=timedelta(seconds=START_TIMEOUT))
-        dist.barrier()  # every rank has loaded its shard
-    except BaseException:
+                                timeout=COLLECTIVE_TIMEOUT)
+        _wait_for_workers(store, "loaded", workers)  # each rank has its shard and its pool
+    except BaseException as err:
         for p in workers:
-            p.kill()
-            p.join(5.0)
+            p.join(1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
         if dist.is_initialized():
             dist.destroy_process_group()
-        raise
+        codes = [p.exitcode for p in workers]
+        raise RuntimeError(
+            f"tensor-parallel workers did not start (exit codes {codes}; their errors are "
+            "printed above). A script that builds a tensor-parallel engine must do so under "
+            "`if __name__ == \"__main__\":`, because each worker is spawned and imports the "
+            "script again") from err
     return workers, store
+
+
+def _wait_for_workers(store: dist.Store, what: str, workers: list) -> None:
+    """Wait until every spawned rank has set its key (joined the store, loaded its shard),
+    failing as soon as one of them has ended, or after START_TIMEOUT."""
+    deadline = time.monotonic() + START_TIMEOUT
+    for rank, p in enumerate(workers, 1):
+        while True:
+            try:
+                store.wait([f"pagedllm/{what}/{rank}"], timedelta(seconds=0.5))
+                break
+            except dist.DistStoreError:
+                if not p.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {rank} has not {what}") from None
 
 
 def _backend(config) -> str:
@@ -284,6 +307,7 @@ def _worker_main(config, rank: int, port: int, parent_pid: int) -> None:
     torch.set_num_threads(1)  # a rank per core: they share the machine with rank 0
     store = dist.TCPStore("127.0.0.1", port, config.tensor_parallel_size, is_master=False,
                           timeout=COLLECTIVE_TIMEOUT)
+    store.set(f"pagedllm/joined/{rank}", "1")
     dist.init_process_group(_backend(config), store=store, rank=rank,
                             world_size=config.tensor_parallel_size,
                             timeout=COLLECTIVE_TIMEOUT)
@@ -311,7 +335,7 @@ def serve_steps(config, rank: int, store: dist.Store, parent_pid: int | None) ->
     runner = config.model_runner(load_rank_model(config, rank), config)
     cache_engine = cache_engine_for(config, rank, runner.backend)
     runner.bind_kv_cache(cache_engine)
-    dist.barrier()  # loaded: rank 0 may start
+    store.set(f"pagedllm/loaded/{rank}", "1")  # rank 0 may start
     step = 0
     while True:
         message = _next_step(store, step, parent_pid)

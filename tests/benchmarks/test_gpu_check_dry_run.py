@@ -22,7 +22,7 @@ def test_gpu_check_dry_run(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     lines = done.stdout.rstrip().splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("section item"))
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["section", "item"])
     table = lines[header:]  # the table is the last thing printed
     assert table[-1] == "gpu_check: 0 section(s) failed; exit 0", out
     rows = table[2:-2]

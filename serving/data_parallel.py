@@ -1,0 +1,394 @@
+"""Data parallelism: M engine replicas, each in its own process, behind one HTTP front end.
+
+    pagedllm serve --data-parallel-size 2                          # two replicas of the model
+    pagedllm serve --data-parallel-size 2 --tensor-parallel-size 2 # two replicas of two ranks
+
+Tensor parallelism splits one model to make it fit, or a step faster; data parallelism copies
+the whole engine to serve more requests at once: each replica has its own weights, its own KV
+pool and its own scheduler, and no replica ever waits for another. It buys throughput, not
+latency: a request runs on one replica exactly as it would alone.
+
+The pieces, front end first::
+
+    HTTP routes ──> DataParallelEngine.add_request ── routes to the least-loaded replica
+                      │                     │
+                AsyncLLMEngine 0      AsyncLLMEngine 1     (engine threads, in the front end)
+                      │ ReplicaEngine 0       │ ReplicaEngine 1   (a pipe each)
+                ───────────────── process boundary ─────────────────
+                   replica 0: LLMEngine   replica 1: LLMEngine     (+ their TP ranks, if any)
+
+Each replica's engine thread is the front end's ordinary ``AsyncLLMEngine``; what it steps is a
+``ReplicaEngine``, a stand-in for ``LLMEngine`` whose calls (add, abort, step) are carried to
+the replica process over a pipe and answered there. So streaming, aborts, time limits and the
+metrics work through the router exactly as they do with one engine, and the replicas step
+concurrently (each engine thread waits on its own pipe, not holding the GIL).
+
+Routing: each request goes to the replica with the fewest unfinished requests (counting those
+on their way in), ties to the one with the most free KV blocks. The count, not the free blocks
+first: blocks are known only after a step, so a burst arriving between two steps would all see
+the same free blocks and land on one replica, while the count moves with every request.
+
+Faults: a replica whose process dies fails the requests it held (the next step's pipe read
+ends), ``/health`` answers 503 naming it, and the others go on serving. Shutdown stops every
+replica (each ends its own tensor-parallel ranks); a replica whose front end dies sees its pipe
+close and ends too.
+"""
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+from pagedllm.reference.engine.outputs import RequestOutput
+
+from .async_engine import AsyncLLMEngine, RequestStream
+from .metrics import ServerMetrics
+
+START_TIMEOUT = 300.0  # seconds for a replica to load its model
+STOP_TIMEOUT = 30.0  # seconds for a replica to end after "stop" (it finishes its step first)
+# Stats that are the same on every replica (the model's and the pool's settings), not summed.
+SHARED_STATS = ("kv_layout", "kv_cache_dtype", "kv_bytes_per_token", "quantization",
+                "weight_bytes", "tensor_parallel_size", "float_linears")
+
+
+class ReplicaDiedError(RuntimeError):
+    """A replica's process ended: its requests end with this error."""
+
+
+def check_data_parallel_size(size, tensor_parallel_size: int, device: str) -> None:
+    """Refuse a bad --data-parallel-size before any process starts."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"--data-parallel-size must be an integer >= 1, got {size!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        have, need = torch.cuda.device_count(), size * tensor_parallel_size
+        if need > have:
+            raise ValueError(f"--data-parallel-size {size} x --tensor-parallel-size "
+                             f"{tensor_parallel_size} needs {need} GPUs (one per rank); this "
+                             f"machine has {have}")
+
+
+# -- the replica process ---------------------------------------------------------------------------
+def _replica_main(args: argparse.Namespace, index: int, gpus: str | None, conn) -> None:
+    """Load the engine, then answer the front end's calls until "stop" or the pipe closes."""
+    from .launch import load_llm
+
+    if gpus is not None:  # before CUDA starts in this process: its ranks see only these
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    else:  # the CPU's cores, shared out: M replicas with every core each would thrash
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.data_parallel_size))
+    try:
+        llm = load_llm(args)
+    except BaseException:  # noqa: BLE001 - the front end says why, then ends every replica
+        conn.send(("failed", traceback.format_exc()))
+        return
+    engine = llm.engine
+    try:
+        conn.send(("ready", {"tokenizer": llm.tokenizer, "model_dir": str(llm.model_dir),
+                             "max_model_len": engine.config.max_model_len,
+                             "vocab_size": engine.vocab_size}, _state(engine)))
+        while True:
+            try:
+                op, *rest = conn.recv()
+            except EOFError:  # the front end is gone
+                return
+            if op == "stop":
+                return
+            try:
+                result = _call(engine, op, rest)
+                reply = ("ok", result)
+            except Exception as err:  # noqa: BLE001 - the caller gets it, as if called here
+                reply = ("error", _picklable(err))
+            conn.send((*reply, _state(engine)))
+    finally:
+        llm.shutdown()
+
+
+def _call(engine, op: str, rest: list):
+    if op == "add":
+        return engine.add_request(*rest)
+    if op == "abort":
+        if rest[0] in engine.groups:  # finished meanwhile: nothing to do
+            engine.abort_request(rest[0])
+        return None
+    if op == "step":
+        return engine.step()
+    raise ValueError(f"unknown replica call {op!r}")
+
+
+def _state(engine) -> dict:
+    """What the front end keeps of a replica after every call: no call is needed to read it."""
+    try:
+        engine.check_health()
+        health = None
+    except Exception as err:  # noqa: BLE001
+        health = str(err)
+    return {"requests": set(engine.groups), "unfinished": engine.has_unfinished_requests(),
+            "stats": engine.stats(), "health": health}
+
+
+def _picklable(err: Exception) -> Exception:
+    """The error itself if it crosses the pipe, else a RuntimeError with its text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(err).__name__}: {err}")
+
+
+# -- the front end's stand-in for one replica's LLMEngine ---------------------------------------
+class _Config:
+    def __init__(self, max_model_len: int):
+        self.max_model_len = max_model_len
+
+
+class ReplicaEngine:
+    """What an ``AsyncLLMEngine`` steps, for a replica in another process: ``add_request``,
+    ``abort_request`` and ``step`` are calls over the pipe (from the one engine thread);
+    ``groups``, ``has_unfinished_requests``, ``stats`` and ``check_health`` read what the last
+    answer brought, so the event loop never waits on a step."""
+
+    def __init__(self, index: int, process, conn, info: dict, state: dict):
+        self.index, self.process, self.conn = index, process, conn
+        self.config = _Config(info["max_model_len"])
+        self.vocab_size, self.tokenizer = info["vocab_size"], info["tokenizer"]
+        self.model_dir = info["model_dir"]
+        self.dead: str | None = None
+        self._take(state)
+
+    def _take(self, state: dict) -> None:
+        self.groups: set[str] = state["requests"]  # the request ids the replica holds
+        self._unfinished, self._stats, self._health = (state["unfinished"], state["stats"],
+                                                       state["health"])
+
+    def _request(self, op: str, *args):
+        if self.dead is not None:
+            raise ReplicaDiedError(self.dead)
+        try:
+            self.conn.send((op, *args))
+            status, result, state = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(1.0)
+            self.dead = (f"data-parallel replica {self.index} is down (its process ended with "
+                         f"exit code {self.process.exitcode}); its requests were lost, the "
+                         "other replicas go on")
+            self._take({"requests": set(), "unfinished": False, "stats": self._stats,
+                        "health": self.dead})
+            raise ReplicaDiedError(self.dead) from None
+        self._take(state)
+        if status == "error":
+            raise result
+        return result
+
+    def add_request(self, request_id: str, prompt, params) -> None:
+        self._request("add", request_id, prompt, params)
+
+    def abort_request(self, request_id: str) -> None:
+        self._request("abort", request_id)
+
+    def step(self) -> list[RequestOutput]:
+        return self._request("step")
+
+    def has_unfinished_requests(self) -> bool:
+        return self._unfinished
+
+    def stats(self) -> dict:
+        return self._stats
+
+    @property
+    def is_up(self) -> bool:
+        """The process runs and its engine could step at its last answer."""
+        if self.dead is None and not self.process.is_alive():
+            self.dead = (f"data-parallel replica {self.index} is down (its process ended with "
+                         f"exit code {self.process.exitcode})")
+        return self.dead is None and self._health is None
+
+    def check_health(self) -> None:
+        if not self.is_up:
+            raise RuntimeError(self.dead or f"data-parallel replica {self.index}: "
+                               f"{self._health}")
+
+    def stop(self) -> None:
+        """Ask the process to end (after the step in progress); kill it if it does not."""
+        if self.process.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except OSError:
+                pass
+            self.process.join(STOP_TIMEOUT)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5.0)
+        self.conn.close()
+
+
+class _ReplicaLLM:
+    """The ``llm`` an AsyncLLMEngine is built on: its engine and tokenizer."""
+
+    def __init__(self, engine: ReplicaEngine):
+        self.engine, self.tokenizer = engine, engine.tokenizer
+
+
+class DataParallelLLM:
+    """M replicas of ``load_llm(args)``, each in a process of its own (not daemonic: a
+    tensor-parallel replica starts its own rank processes)."""
+
+    def __init__(self, args: argparse.Namespace):
+        size = args.data_parallel_size
+        check_data_parallel_size(size, args.tensor_parallel_size, args.device)
+        ctx = mp.get_context("spawn")
+        starting = []
+        for index in range(size):
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=_replica_main,
+                                  args=(args, index, _replica_gpus(args, index), child),
+                                  name=f"pagedllm-replica-{index}", daemon=False)
+            process.start()
+            child.close()
+            starting.append((index, process, parent))
+        self.replicas: list[ReplicaEngine] = []
+        try:
+            for index, process, conn in starting:
+                self.replicas.append(_wait_ready(index, process, conn))
+        except BaseException:
+            for _, process, conn in starting:
+                process.kill()
+                process.join(5.0)
+                conn.close()
+            raise
+        self.tokenizer = self.replicas[0].tokenizer
+        self.model_dir = self.replicas[0].model_dir
+        self.data_parallel_size = size
+
+    def stats(self) -> dict:
+        return total_stats([r.stats() for r in self.replicas])
+
+    def shutdown(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+
+def _wait_ready(index: int, process, conn) -> ReplicaEngine:
+    deadline = time.monotonic() + START_TIMEOUT
+    while not conn.poll(0.5):
+        if not process.is_alive():
+            raise RuntimeError(f"data-parallel replica {index} ended while loading (exit code "
+                               f"{process.exitcode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"data-parallel replica {index} did not load in "
+                               f"{START_TIMEOUT:g} s")
+    message = conn.recv()
+    if message[0] == "failed":
+        raise RuntimeError(f"data-parallel replica {index} could not load:\n{message[1]}")
+    _, info, state = message
+    return ReplicaEngine(index, process, conn, info, state)
+
+
+def _replica_gpus(args: argparse.Namespace, index: int) -> str | None:
+    """CUDA_VISIBLE_DEVICES for replica ``index``: GPUs index*N .. index*N+N-1 of those this
+    process sees (N: --tensor-parallel-size); None on the CPU."""
+    import torch
+
+    if not (args.device.startswith("cuda")
+            or (args.device == "auto" and torch.cuda.is_available())):
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(k) for k in range(torch.cuda.device_count())]
+    per = args.tensor_parallel_size
+    return ",".join(ids[index * per:(index + 1) * per])
+
+
+def total_stats(per_replica: list[dict]) -> dict:
+    """The server's stats: counts summed over the replicas, settings from the first, usage
+    recomputed, and each replica's own under "replicas"."""
+    total = {key: per_replica[0][key] for key in SHARED_STATS if key in per_replica[0]}
+    for key, value in per_replica[0].items():
+        if key not in total and isinstance(value, (int, float)) and not isinstance(value, bool):
+            total[key] = sum(s[key] for s in per_replica)
+    total["usage"] = total["blocks_used"] / total["blocks_total"] if total["blocks_total"] else 0.0
+    total["data_parallel_size"] = len(per_replica)
+    total["replicas"] = per_replica
+    return total
+
+
+# -- the front end: one AsyncLLMEngine per replica, and the router ---------------------------------
+class DataParallelEngine:
+    """The server's engine for M replicas: the surface of ``AsyncLLMEngine`` (the routes and
+    responses use it unchanged), each request routed to one replica's AsyncLLMEngine."""
+
+    def __init__(self, llm: DataParallelLLM, metrics: ServerMetrics):
+        self.llm, self.tokenizer = llm, llm.tokenizer
+        self.replicas = [AsyncLLMEngine(_ReplicaLLM(r), metrics.for_engine(r.index))
+                         for r in llm.replicas]
+        self.max_model_len = self.replicas[0].max_model_len
+        self.vocab_size = self.replicas[0].vocab_size
+        self._incoming = [0] * len(self.replicas)  # routed, not yet taken
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        for replica in self.replicas:
+            replica.start(loop)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        for replica in self.replicas:
+            replica.shutdown(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return all(r.is_running for r in self.replicas)
+
+    @property
+    def stats(self) -> dict:
+        return total_stats([r.stats for r in self.replicas])
+
+    @property
+    def steps(self) -> int:
+        return sum(r.steps for r in self.replicas)
+
+    def check_health(self) -> None:
+        down = []
+        for replica in self.replicas:
+            try:
+                replica.check_health()
+            except Exception as err:  # noqa: BLE001
+                down.append(str(err))
+        if down:
+            raise RuntimeError("; ".join(down))
+
+    def route(self) -> int:
+        """The replica for the next request: the fewest unfinished (with those on their way),
+        then the most free KV blocks; a replica that is down takes none while another is up."""
+        def load(i: int):
+            replica = self.replicas[i]
+            stats = replica.stats
+            return (not replica.engine.is_up, replica.num_unfinished + self._incoming[i],
+                    stats["blocks_used"] - stats["blocks_total"], i)
+        return min(range(len(self.replicas)), key=load)
+
+    async def add_request(self, request_id: str, prompt, params, arrival: float | None = None,
+                          queue: asyncio.Queue | None = None) -> RequestStream:
+        i = self.route()
+        self._incoming[i] += 1
+        try:
+            return await self.replicas[i].add_request(request_id, prompt, params, arrival,
+                                                      queue)
+        finally:
+            self._incoming[i] -= 1
+
+    def abort(self, request_id: str) -> None:
+        """Abort on every replica: a no-op on those that do not hold it (no pipe call), so the
+        router keeps no map of requests that would outlive them."""
+        for replica in self.replicas:
+            replica.abort(request_id)
