@@ -102,6 +102,7 @@ class Deployment:
     def weight_bytes_per_gpu(self) -> float:
         return self.weight_bytes / self.tensor_parallel_size
 
+    # --8<-- [start:per_gpu]
     @property
     def kv_heads_per_gpu(self) -> int:
         # Fewer KV heads than GPUs: one head per GPU, replicated (num_kv_head_replicas).
@@ -122,6 +123,7 @@ class Deployment:
     def tokens(self) -> int:
         """KV token slots: every GPU holds its heads of the same tokens."""
         return max(0, int(self.kv_bytes_per_gpu // self.kv_bytes_per_token_per_gpu))
+    # --8<-- [end:per_gpu]
 
     def sequences(self, context: int) -> int:
         """Sequences that can each reach `context` tokens at once."""

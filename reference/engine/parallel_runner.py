@@ -120,7 +120,7 @@ class TensorParallelRunner:
         self.world_size = config.tensor_parallel_size
         self.step_number = 0
         self.pending_moves: list[tuple[list, list, list]] = []
-        self.publish_seconds: list[float] = []  # per step: putting the step in the store
+        self.publish_seconds: list[float] = []  # per step: putting it in the store
         self.error: BaseException | None = None
         self.workers, self.store = _start_ranks(config)
         atexit.register(self.shutdown)
@@ -144,7 +144,8 @@ class TensorParallelRunner:
             self.pending_moves.append((swap_out, swap_in, copy))
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
-        """Publish the step, then run rank 0's shard: logits [S, vocab], gathered here."""
+        """Publish the step, then run rank 0's shard: logits [S, vocab], gathered
+        here."""
         self.check_health()
         try:
             start = time.perf_counter()
@@ -153,7 +154,8 @@ class TensorParallelRunner:
             self.pending_moves = []
             logits = self.runner.execute(inputs)  # collectives with every rank inside
         except BaseException as err:
-            # The ranks are now out of step (some inside a collective, some not): end them all.
+            # The ranks are now out of step (some inside a collective, some not): end
+            # them all.
             self._fail(err)
             raise self.error from err
         self.store.delete_key(_key(self.step_number - 1))  # every rank has read it
@@ -331,7 +333,8 @@ def run_torchrun_worker(config) -> None:
 
 # --8<-- [start:worker]
 def serve_steps(config, rank: int, store: dist.Store, parent_pid: int | None) -> None:
-    """One rank's loop: its shard, its pool; each step's block moves, then its forward."""
+    """One rank's loop: its shard, its pool; each step's block moves, then its
+    forward."""
     runner = config.model_runner(load_rank_model(config, rank), config)
     cache_engine = cache_engine_for(config, rank, runner.backend)
     runner.bind_kv_cache(cache_engine)

@@ -49,21 +49,23 @@ def shard_range(size: int, rank: int, world_size: int) -> tuple[int, int]:
 
 # --8<-- [start:heads]
 def check_tensor_parallel_size(cfg: ModelConfig, world_size: int) -> None:
-    """ValueError unless this model's heads split over world_size ranks: by KV heads when
-    world_size <= kv_heads, else by replicating each KV head over world_size / kv_heads ranks
-    (which must be a whole number, and at most the query heads per KV head)."""
+    """ValueError unless this model's heads split over world_size ranks: by KV heads
+    when world_size <= kv_heads, else by replicating each KV head over
+    world_size / kv_heads ranks (which must be a whole number, and at most the query
+    heads per KV head)."""
     kv, heads = cfg.num_kv_heads, cfg.num_heads
     if world_size <= kv:
         return
     if world_size % kv or world_size > heads:
         raise ValueError(
             f"tensor_parallel_size {world_size} does not split this model's attention "
-            f"({heads} query heads, {kv} KV heads): use at most {kv} ranks (each takes whole KV "
-            f"heads), or a multiple of {kv} up to {heads} (each KV head replicated, its query "
-            "heads split)")
+            f"({heads} query heads, {kv} KV heads): use at most {kv} ranks (each takes "
+            f"whole KV heads), or a multiple of {kv} up to {heads} (each KV head "
+            "replicated, its query heads split)")
 
 
-def attention_heads(cfg: ModelConfig, rank: int, world_size: int) -> tuple[range, range]:
+def attention_heads(cfg: ModelConfig, rank: int,
+                    world_size: int) -> tuple[range, range]:
     """The query heads and the KV heads rank r computes."""
     group = cfg.num_heads // cfg.num_kv_heads  # query heads reading one KV head
     if world_size <= cfg.num_kv_heads:  # whole KV groups per rank
@@ -147,8 +149,9 @@ def narrow_model(model: nn.Module, rank: int, world_size: int) -> Slices:
 # -- the layers that communicate -----------------------------------------------------------------
 # --8<-- [start:row_parallel]
 class RowParallelLinear(nn.Module):
-    """A linear layer holding the rank's input columns: each rank's product is a partial sum of
-    the output, and one all-reduce adds them (the bias, on rank 0 only, is added once)."""
+    """A linear layer holding the rank's input columns: each rank's product is a partial
+    sum of the output, and one all-reduce adds them (the bias, on rank 0 only, is added
+    once)."""
 
     def __init__(self, linear: nn.Module):
         super().__init__()
@@ -163,8 +166,9 @@ class RowParallelLinear(nn.Module):
 
 # --8<-- [start:vocab_parallel]
 class VocabParallelEmbedding(nn.Module):
-    """The rows [start, end) of the embedding table: ids outside them look up zeros here and
-    their row on another rank; an all-reduce adds the N lookups into the full rows."""
+    """The rows [start, end) of the embedding table: ids outside them look up zeros
+    here and their row on another rank; an all-reduce adds the N lookups into the full
+    rows."""
 
     def __init__(self, embedding: nn.Embedding, start: int):
         super().__init__()
@@ -174,14 +178,16 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         mine = (token_ids >= self.start) & (token_ids < self.end)  # [T]
         local = torch.where(mine, token_ids - self.start, 0)
-        x = F.embedding(local, self.weight).masked_fill(~mine.unsqueeze(-1), 0)  # [T, dim]
+        x = F.embedding(local, self.weight)  # [T, dim]
+        x = x.masked_fill(~mine.unsqueeze(-1), 0)  # zeros for the ids of other ranks
         dist.all_reduce(x)  # exactly one rank holds each row: the sum is that row
         return x
 
 
 class VocabParallelLMHead(nn.Module):
-    """The LM head's rows [start, end) of the vocabulary: each rank computes its slice of the
-    logits and rank 0, where sampling happens, gathers them (the others return None)."""
+    """The LM head's rows [start, end) of the vocabulary: each rank computes its slice
+    of the logits and rank 0, where sampling happens, gathers them (the others return
+    None)."""
 
     def __init__(self, linear: nn.Module, vocab_size: int, rank: int, world_size: int):
         super().__init__()
@@ -194,7 +200,9 @@ class VocabParallelLMHead(nn.Module):
         local = self.linear(x)  # [S, my share of the vocabulary]
         width = max(self.sizes)  # gather takes equal shapes: pad the narrower shards
         local = F.pad(local, (0, width - local.shape[-1])).contiguous()
-        parts = [torch.empty_like(local) for _ in self.sizes] if self.rank == 0 else None
+        parts = None
+        if self.rank == 0:
+            parts = [torch.empty_like(local) for _ in self.sizes]
         dist.gather(local, parts, dst=0)
         if parts is None:
             return None
@@ -221,10 +229,11 @@ def parallelize(model: nn.Module, rank: int, world_size: int) -> nn.Module:
 
 
 # --8<-- [start:load_shard]
-def load_model_shard(model_dir, rank: int, world_size: int, dtype: torch.dtype | None = None,
+def load_model_shard(model_dir, rank: int, world_size: int,
+                     dtype: torch.dtype | None = None,
                      device: str | torch.device = "cpu") -> nn.Module:
-    """Rank's shard of a checkpoint folder, reading only its slices of each saved tensor,
-    with its communicating layers wrapped (``parallelize``)."""
+    """Rank's shard of a checkpoint folder, reading only its slices of each saved
+    tensor, with its communicating layers wrapped (``parallelize``)."""
     cfg, device = load_config(model_dir), parse_device(device)
     dtype = parse_dtype(dtype) or cfg.dtype
     with torch.device("meta"):
@@ -236,20 +245,22 @@ def load_model_shard(model_dir, rank: int, world_size: int, dtype: torch.dtype |
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
                 if name not in expected:
-                    continue  # a row-parallel bias of rank 0's, or a name the model lacks
+                    continue  # rank 0's row-parallel bias, or a name the model lacks
                 saved = f.get_slice(name)
                 dim, start, end = slices.get(name, (0, None, None))
                 tensor = saved[start:end] if dim == 0 else saved[:, start:end]
                 state[name] = tensor.to(device=device, dtype=dtype)
-    embed = "model.decoder.embed_tokens.weight" if cfg.is_opt else "model.embed_tokens.weight"
+    embed = ("model.decoder.embed_tokens.weight" if cfg.is_opt
+             else "model.embed_tokens.weight")
     if "lm_head.weight" not in state and cfg.tie_word_embeddings:
         state["lm_head.weight"] = state[embed]  # tied: the same slice of the same table
     wrong = sorted(set(expected) ^ set(state)) + [
         n for n in state if n in expected and state[n].shape != expected[n].shape]
     if wrong:
-        raise ValueError(f"the checkpoint in {model_dir} does not match the {cfg.model_type} "
-                         f"model its config describes (first: {wrong[0]!r}); config.json and "
-                         "the weights must come from the same save_pretrained")
+        raise ValueError(f"the checkpoint in {model_dir} does not match the "
+                         f"{cfg.model_type} model its config describes (first: "
+                         f"{wrong[0]!r}); config.json and the weights must come from "
+                         "the same save_pretrained")
     model.load_state_dict(state, assign=True)
     return parallelize(model.eval(), rank, world_size)
 # --8<-- [end:load_shard]
