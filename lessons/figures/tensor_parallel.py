@@ -14,7 +14,7 @@ sequences of 16,384 tokens fit at once in what the weights leave, per weight pre
 GPUs each KV head is replicated, so a token's KV bytes per GPU stop shrinking; only the weights'
 share keeps falling.
 
-    .venv/bin/python lessons/figures/tensor_parallel.py    # a second or two
+    .venv/bin/python lessons/figures/tensor_parallel.py    # a few seconds
 
 It writes tensor_parallel.json and tensor_parallel.png next to itself and prints both tables.
 """
