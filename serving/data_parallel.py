@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import signal
 import time
 import traceback
 
@@ -76,6 +77,9 @@ def _replica_main(args: argparse.Namespace, index: int, gpus: str | None, conn) 
     """Load the engine, then answer the front end's calls until "stop" or the pipe closes."""
     from .launch import load_llm
 
+    # Ctrl-C reaches every process of the terminal's group: the front end alone answers it,
+    # and stops the replicas (and they their ranks) in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if gpus is not None:  # before CUDA starts in this process: its ranks see only these
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     else:  # the CPU's cores, shared out: M replicas with every core each would thrash

@@ -129,36 +129,37 @@ def test_a_client_that_leaves_frees_the_blocks_of_its_replica(server):
     assert after[str(owner)] == aborted[str(owner)] + 1 and after[other] == aborted[other]
 
 
-def test_a_dead_replica_fails_only_its_own_requests():
-    with DataParallelLLM(serve_args()) as llm, ServerThread(build_app(llm, MODEL)) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
-                               timeout=120)
-        long = {"model": MODEL, "prompt": "Return a list of the", "max_tokens": 400,
-                "ignore_eos": True, "stream": True}
-        with httpx.Client(timeout=120) as http:
-            # Two long streams: the router gives one to each replica.
-            with http.stream("POST", server.url + "/v1/completions", json=long) as first, \
-                    http.stream("POST", server.url + "/v1/completions", json=long) as second:
-                lines = [first.iter_lines(), second.iter_lines()]
-                for stream in lines:
-                    next(line for line in stream if line.startswith("data: {"))
-                assert all(s["running"] == 1 for s in server.app.state.engine.stats["replicas"])
-                llm.replicas[1].process.kill()
-                events = [json.loads(line[6:]) for stream in lines for line in stream
-                          if line.startswith("data: {")]
-            errors = [e for e in events if "error" in e]
-            assert len(errors) == 1 and "replica 1 is down" in errors[0]["error"]["message"]
-        health = httpx.get(server.url + "/health")
-        assert health.status_code == 503 and "replica 1" in health.json()["error"]["message"]
-        # The live replica takes every request from now on.
-        for _ in range(3):
-            out = client.completions.create(model=MODEL, prompt="This module provides",
-                                            max_tokens=4, temperature=0)
-            assert out.choices[0].text
-    assert not any(r.process.is_alive() for r in llm.replicas)
-
-
 @pytest.mark.parametrize("size, match", [(0, ">= 1"), (-1, ">= 1")])
 def test_bad_sizes_are_refused_before_any_process_starts(size, match):
     with pytest.raises(ValueError, match=match):
         DataParallelLLM(serve_args("--data-parallel-size", str(size)))
+
+
+def test_a_dead_replica_fails_only_its_own_requests(replicas, server):
+    """Last in the module: it kills replica 1 of the module's server."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                           timeout=120)
+    long = {"model": MODEL, "prompt": "Return a list of the", "max_tokens": 400,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=120) as http:
+        # Two long streams: the router gives one to each replica.
+        with http.stream("POST", server.url + "/v1/completions", json=long) as first, \
+                http.stream("POST", server.url + "/v1/completions", json=long) as second:
+            lines = [first.iter_lines(), second.iter_lines()]
+            for stream in lines:
+                next(line for line in stream if line.startswith("data: {"))
+            assert all(s["running"] == 1 for s in server.app.state.engine.stats["replicas"])
+            replicas.replicas[1].process.kill()
+            events = [json.loads(line[6:]) for stream in lines for line in stream
+                      if line.startswith("data: {")]
+        errors = [e for e in events if "error" in e]
+        assert len(errors) == 1 and "replica 1 is down" in errors[0]["error"]["message"]
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 503 and "replica 1" in health.json()["error"]["message"]
+    # The live replica takes every request from now on.
+    for _ in range(3):
+        out = client.completions.create(model=MODEL, prompt="This module provides",
+                                        max_tokens=4, temperature=0)
+        assert out.choices[0].text
+    replicas.shutdown()  # again at the fixture's end: a no-op then
+    assert not any(r.process.is_alive() for r in replicas.replicas)

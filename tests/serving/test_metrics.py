@@ -16,7 +16,9 @@ VLLM_NAMES = [  # vLLM's names, with the prefix changed
 
 
 def scrape(url: str) -> dict:
-    """{(sample name, sorted labels minus model_name): value}, and every family's name."""
+    """{(sample name, sorted labels minus model_name and engine): value}, and every family's
+    name. One engine: every sample's engine label is "0" (vLLM V1's label; a data-parallel
+    server numbers its replicas)."""
     r = httpx.get(url + "/metrics", timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     samples = {}
@@ -25,6 +27,7 @@ def scrape(url: str) -> dict:
         samples.setdefault("families", set()).add(family.name.removeprefix("pagedllm:"))
         for s in family.samples:
             assert s.labels.pop("model_name") == MODEL
+            assert s.labels.pop("engine") == "0"
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return samples
 
