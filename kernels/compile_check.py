@@ -24,7 +24,8 @@ quantized ``kv_cache_dtype`` (fp8 e4m3 and e5m2, int8, int4: store_kv's quantizi
 attention's dequantizing paths). Then it calls the launchers directly at shapes of
 real models that the tiny checkpoints do not have: heads 64 to 256 wide, flash-decoding's split
 forced on (``num_splits=``) and chosen by the launcher for a 530-token context, wide rows and
-vocabularies. Those calls matter twice: interpreting a 530-token prefill through the engine would
+vocabularies (with a structured output's token bitmask: its kernel runs before the sampler's).
+Those calls matter twice: interpreting a 530-token prefill through the engine would
 take minutes, and on a GPU the engine hands paged attention device-side lengths, so its launcher
 picks tiles and splits from bounds rather than from the exact maxima it sees here.
 Quantized caches get one engine run per format (chunked prefill, so prefills, chunks and
@@ -479,6 +480,10 @@ def _real_sampling_shapes():
                               logit_bias={4: -100.0}, prompt_token_ids=[1, 2],
                               output_token_ids=[3, 3], stream=6)
         sample(logits, SamplingMetadata.from_rows(rows, vocab))
+        # a structured output's grammar: the token bitmask's kernel, before the penalties'
+        bitmask = torch.randint(-2**31, 2**31, (3, (vocab + 31) // 32), dtype=torch.int64)
+        sample(logits, SamplingMetadata.from_rows(rows, vocab,
+                                                  token_bitmask=bitmask.to(torch.int32)))
     random_uniform(torch.tensor([1, 2]), torch.tensor([0, 7]), 300)
 
 

@@ -2,12 +2,14 @@
 
 **What it computes.** Exactly what its twin ``pagedllm.reference.ops.sampling.sample`` computes,
 for a batch of next-token logits ``[S, vocab]`` and per-row parameters: blocked tokens (EOS and
-stop ids before ``min_tokens``) get -inf; a greedy row (temperature below ``GREEDY_BELOW``)
-takes the argmax of those logits, first index on ties; any other row divides them by its
-temperature, takes the softmax in float32, keeps the tokens that survive top-k and top-p,
-renormalises in float64 and draws by the *exponential race*: token i wins when ``p_i / E_i`` is
-the largest, with ``E_i = -log U_i ~ Exp(1)``. It also reports the logprob of the chosen token
-and, when asked, the rows' top-N logprobs, from the log-softmax of the *raw* logits.
+stop ids before ``min_tokens``) get -inf, as do the tokens a grammar forbids (structured
+outputs: their own kernel, ``token_bitmask.py``, before the penalties'); a greedy row
+(temperature below ``GREEDY_BELOW``) takes the argmax of those logits, first index on ties; any
+other row divides them by its temperature, takes the softmax in float32, keeps the tokens that
+survive top-k and top-p, renormalises in float64 and draws by the *exponential race*: token i
+wins when ``p_i / E_i`` is the largest, with ``E_i = -log U_i ~ Exp(1)``. It also reports the
+logprob of the chosen token and, when asked, the rows' top-N logprobs, from the log-softmax of
+the *raw* logits.
 
 **Why a GPU kernel can reproduce the reference bit for bit.** A stateful generator (torch's
 Philox with an offset, curand) hands out numbers in the order threads ask for them, so a kernel
@@ -87,6 +89,7 @@ from triton.language.extra import libdevice
 
 from pagedllm.kernels.penalties import apply_penalties
 from pagedllm.kernels.runtime import interpreting, kernel_runner
+from pagedllm.kernels.token_bitmask import apply_token_bitmask
 from pagedllm.reference.ops.sampling import (
     GOLDEN_GAMMA,
     GREEDY_BELOW,
@@ -206,7 +209,8 @@ def _probability(scaled, scaled_max, scaled_sum, LIBDEVICE: tl.constexpr):
 @triton.jit
 def _sample_kernel(
     logits_ptr,  # [S, vocab] float32 raw logits, rows `stride` apart
-    # [S, vocab] float32 after logit_bias and the penalties (logits_ptr if none)
+    # [S, vocab] float32 after the grammar's mask, logit_bias and the penalties
+    # (logits_ptr if none)
     processed_ptr,
     temperature_ptr,  # [S] float32
     streams_ptr, positions_ptr,  # [S] int64 each
@@ -376,9 +380,11 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     if runner is None:
         return reference_sample(logits, metadata)
     logits = logits.float().contiguous()  # bf16/fp16 logits upcast, as the twin does
-    processed = logits  # logit_bias and the penalties: their own kernel (penalties.py)
-    if md.penalties is not None:
-        processed = apply_penalties(logits, md.penalties).contiguous()
+    processed = logits  # a grammar's bitmask, logit_bias and the penalties: their own kernels
+    if md.token_bitmask is not None:  # structured outputs (token_bitmask.py)
+        processed = apply_token_bitmask(processed, md.token_bitmask)
+    if md.penalties is not None:  # penalties.py
+        processed = apply_penalties(processed, md.penalties).contiguous()
     S, vocab = logits.shape
     device = logits.device
     token_ids = torch.zeros(S, dtype=torch.int64, device=device)

@@ -14,10 +14,12 @@ from pagedllm.reference.engine.beam_search import BeamSearchParams
 from pagedllm.reference.engine.engine import LLMEngine
 from pagedllm.reference.engine.outputs import CompletionOutput, RequestOutput
 from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.engine.structured_outputs import StructuredOutputsParams
 
 from .backend import OPTIMIZED_BACKEND
 from .llm import LLM, EngineArgs
 from .model_runner import ModelRunner
 
 __all__ = ["OPTIMIZED_BACKEND", "BeamSearchParams", "CompletionOutput", "EngineArgs", "LLM",
-           "LLMEngine", "ModelRunner", "RequestOutput", "SamplingParams"]
+           "LLMEngine", "ModelRunner", "RequestOutput", "SamplingParams",
+           "StructuredOutputsParams"]

@@ -23,6 +23,7 @@ from .engine import (
     ModelRunner,
     RequestOutput,
     SamplingParams,
+    StructuredOutputsParams,
     generate,
 )
 from .model import (
@@ -36,4 +37,5 @@ from .model import (
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "ContiguousCache",
            "EngineArgs", "LLMEngine", "ModelConfig", "ModelRunner", "NoCache", "RequestOutput",
-           "SUPPORTED_MODEL_TYPES", "SamplingParams", "generate", "load_config", "load_model"]
+           "SUPPORTED_MODEL_TYPES", "SamplingParams", "StructuredOutputsParams", "generate",
+           "load_config", "load_model"]

@@ -15,8 +15,9 @@ from .request_checks import check_prompt
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .step_inputs import StepInputs, prepare_inputs
+from .structured_outputs import StructuredOutputsParams
 
 __all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput",
            "EngineArgs", "EngineConfig", "LLM", "LLMEngine", "ModelRunner", "RequestOutput",
            "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepInputs",
-           "check_prompt", "generate", "generate_many", "prepare_inputs"]
+           "StructuredOutputsParams", "check_prompt", "generate", "generate_many", "prepare_inputs"]

@@ -45,6 +45,9 @@ from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
 from .step_inputs import StepInputs, prepare_inputs
 from .stop import check_stop
+from .structured_outputs import FIELD as STRUCTURED_OUTPUTS
+from .structured_outputs import GrammarCache, advance
+from .validation import FieldValueError
 
 StepObserver = Callable[["LLMEngine", SchedulerOutput, StepInputs], None]
 
@@ -89,6 +92,7 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.step_observers: list[StepObserver] = []
         self.weight_bytes = weight_bytes(self.runner.model)  # once: the weights never change
+        self._grammars: GrammarCache | None = None  # built by the first structured output
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -132,13 +136,31 @@ class LLMEngine:
         text, ids = prompt_ids(prompt, self.tokenizer, self.vocab_size)
         check_request(request_id, len(ids), params, self.kv, self.config.scheduler_config,
                       self.vocab_size)
+        grammar = self._compile(params)
         seed = getattr(params, "seed", None)
         if seed is None:
             seed = self.seed_stream.getrandbits(62)
-        group = SequenceGroup(request_id, [], params, next(self._arrivals), seed, prompt=text)
-        group.seqs.append(Sequence(next_seq_id(), ids))
+        group = SequenceGroup(request_id, [], params, next(self._arrivals), seed, prompt=text,
+                              grammar=grammar)
+        group.seqs.append(Sequence(next_seq_id(), ids, matcher=None if grammar is None
+                                   else self._grammars.matcher(grammar)))
         self.groups[request_id] = group
         self.scheduler.add(group)
+
+    # --8<-- [start:compile]
+    def _compile(self, params):
+        """The compiled grammar of a request's structured outputs (None without), from the
+        cache: a spec seen before costs a dictionary lookup."""
+        spec = getattr(params, "structured_outputs", None)
+        if spec is None:
+            return None
+        if self.tokenizer is None or self.eos_token_id is None:
+            raise FieldValueError(STRUCTURED_OUTPUTS, "structured outputs need the model's "
+                                  "tokenizer and its EOS token; this model folder has none")
+        if self._grammars is None:  # the vocabulary's table, built once
+            self._grammars = GrammarCache(self.tokenizer, self.vocab_size, self.eos_token_id)
+        return self._grammars.get(spec)
+    # --8<-- [end:compile]
 
     def abort_request(self, request_id: str) -> None:
         group = self.groups.get(request_id)
@@ -249,7 +271,9 @@ class LLMEngine:
         for index in range(1, group.sampling_params.n):
             child = Sequence(next_seq_id(), list(seq.prompt_token_ids),
                              num_computed_tokens=seq.num_computed_tokens,
-                             status=SequenceStatus.RUNNING, index=index)
+                             status=SequenceStatus.RUNNING, index=index,
+                             # its own parser, in the parent's state (no token yet)
+                             matcher=None if seq.matcher is None else seq.matcher.fork())
             self.kv.fork(seq, child)
             group.seqs.append(child)
         return {s.index: s for s in group.seqs}
@@ -272,6 +296,8 @@ class LLMEngine:
             new_text = seq.detokenizer.add(token)
             seq.output_text += new_text
         check_stop(seq, new_text, params, self.eos_token_id, self.config.max_model_len)
+        if seq.matcher is not None:  # the grammar takes the token; complete, it ends here
+            advance(seq, token)
         if seq.is_finished and self.tokenizer is not None:
             if seq.detokenizer is None:
                 seq.output_text = self._decode(seq.output_token_ids)

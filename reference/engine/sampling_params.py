@@ -3,6 +3,7 @@ when it is made, so a bad value is refused before it reaches the engine."""
 
 from dataclasses import dataclass, field
 
+from .structured_outputs import StructuredOutputsParams
 from .validation import (
     FieldTypeError,
     FieldValueError,
@@ -45,6 +46,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     min_p: float = 0.0  # drop tokens below min_p x the top token's probability
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # a JSON schema, regex, choice or grammar every output must follow (xgrammar)
+    structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, repr=False)
     # --8<-- [end:params]
 
@@ -87,6 +90,12 @@ class SamplingParams:
         check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         check_float("min_p", self.min_p, 0.0, 1.0)
         self.logit_bias = check_logit_bias(self.logit_bias)
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise FieldTypeError("structured_outputs", "structured_outputs must be "
+                                 "StructuredOutputsParams(json=... | regex=... | choice=... | "
+                                 f"grammar=... | json_object=True), got "
+                                 f"{type(self.structured_outputs).__name__}")
 
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]

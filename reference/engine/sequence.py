@@ -46,6 +46,9 @@ class Sequence:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     index: int = 0  # which of the request's n samples: it draws from stream seed + index
     detokenizer: IncrementalDetokenizer | None = None  # output text, a few tokens at a time
+    # structured outputs: xgrammar's GrammarMatcher, which has accepted exactly
+    # output_token_ids (structured_outputs.py); None without a grammar
+    matcher: object | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -90,6 +93,7 @@ class SequenceGroup:
     # With SamplingParams.prompt_logprobs: the prompt's entries so far (prompt_logprobs.py),
     # [None] at first (the first token has no logprob); None when not asked for.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    grammar: object | None = None  # structured outputs: the compiled grammar (xgrammar's)
 
     def __post_init__(self):
         if getattr(self.sampling_params, "prompt_logprobs", None) is not None:

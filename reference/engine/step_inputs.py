@@ -12,7 +12,8 @@ manager knows where their tokens live. This turns both into flat tensors (vLLM V
                                       row when the step reaches its last token — repeated n times
                                       for a prompt that forks into n samples; then the P prompt
                                       rows of requests with prompt_logprobs (prompt_logprobs.py)
-    sampling                          one row of sampling parameters per logits row
+    sampling                          one row of sampling parameters per logits row (and,
+                                      with structured outputs, the grammars' token bitmask)
 
 After this, no layer asks the block manager anything or converts anything to a Python list.
 """
@@ -26,6 +27,7 @@ from ..ops import SamplingMetadata
 from ..ops.sampling import SamplingRow
 from .prompt_logprobs import PromptLogprobRows, prompt_rows
 from .scheduler import ScheduledSeq, SchedulerOutput
+from .structured_outputs import fill_bitmask
 
 
 @dataclass
@@ -126,9 +128,13 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         seq_lens=seq_lens_cpu.to(device),
         query_start_loc=query_start_loc_cpu.to(device),
         seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu)
-    sampling = SamplingMetadata.from_rows(
-        [_sampling_row(r.item, r.sample_index, eos_token_id) for r in rows],
-        vocab_size, device)
+    sampling_rows = [_sampling_row(r.item, r.sample_index, eos_token_id) for r in rows]
+    matchers = [r.item.seq.matcher for r in rows]  # a prompt's n rows share its matcher
+    bitmask = None
+    if any(m is not None for m in matchers):  # structured outputs: the grammars' masks
+        bitmask = fill_bitmask(matchers, [r.blocked_token_ids for r in sampling_rows],
+                               vocab_size)
+    sampling = SamplingMetadata.from_rows(sampling_rows, vocab_size, device, bitmask)
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),  # [T]
         positions=torch.tensor(positions, dtype=torch.int64, device=device),  # [T]

@@ -2,7 +2,8 @@
 
 Order, per row: the reported logprobs are the log_softmax of the raw logits (the model's own
 distribution, as vLLM reports it by default). Then blocked tokens (EOS and stop tokens while
-min_tokens is not reached) get -inf, and the logit transforms run, in vLLM's order: logit_bias
+min_tokens is not reached) get -inf, and so do the tokens a structured output's grammar forbids
+(the row's token bitmask), and the logit transforms run, in vLLM's order: logit_bias
 is added, repetition_penalty divides the positive logits and multiplies the negative ones of
 every token seen in the prompt or the output, frequency_penalty subtracts once per time a token
 was generated and presence_penalty once if it was. A greedy row (temperature below 1e-5) takes
@@ -129,11 +130,16 @@ class SamplingMetadata:
     num_logprobs: int = 0  # the most top logprobs any row asks for; 0 = none
     min_p: torch.Tensor | None = None  # [S] float32; 0 keeps all; None: no row asks
     penalties: "Penalties | None" = None  # None: no row transforms its logits
+    # [S, ceil(vocab / 32)] int32, bit t of row r: may row r draw token t (structured
+    # outputs' grammars; a row without one is all ones); None: no row has a grammar
+    token_bitmask: torch.Tensor | None = None
 
     @classmethod
     def from_rows(cls, rows: list[SamplingRow], vocab_size: int,
-                  device: torch.device | str = "cpu") -> "SamplingMetadata":
-        """Stack the rows' parameters into tensors; streams wrap to int64."""
+                  device: torch.device | str = "cpu",
+                  token_bitmask: torch.Tensor | None = None) -> "SamplingMetadata":
+        """Stack the rows' parameters into tensors; streams wrap to int64. token_bitmask:
+        the rows' grammar bitmask, filled on the CPU (engine/structured_outputs.py)."""
         for row in rows:
             if any(not 0 <= t < vocab_size for t in row.blocked_token_ids):
                 raise ValueError(f"blocked token ids {row.blocked_token_ids} outside the "
@@ -160,6 +166,8 @@ class SamplingMetadata:
             if any(row.min_p for row in rows) else None,
             penalties=Penalties.from_rows(rows, vocab_size, device)
             if any(row.transforms_logits for row in rows) else None,
+            token_bitmask=None if token_bitmask is None
+            else token_bitmask.to(device, non_blocking=True),
         )
 
 
@@ -226,6 +234,23 @@ def _blocked_mask(blocked_token_ids: torch.Tensor, vocab_size: int) -> torch.Ten
     ids = blocked_token_ids.masked_fill(blocked_token_ids < 0, vocab_size)  # padding -> spare
     mask = torch.zeros(S, vocab_size + 1, dtype=torch.bool, device=blocked_token_ids.device)
     return mask.scatter_(1, ids, True)[:, :vocab_size]  # [S, vocab], spare column dropped
+
+
+# --8<-- [start:token_bitmask]
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [S, W] bitmask -> bool [S, vocab], True where the token is allowed: token t
+    is bit t % 32 of word t // 32 (xgrammar's layout; the low bit first)."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+    allowed = (bitmask[:, :, None] >> bits) & 1  # [S, W, 32]; & 1 drops the sign's copies
+    return allowed.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()  # [S, vocab]
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [S, vocab] -> the same with -inf wherever the grammar forbids the token:
+    what xgrammar's apply_token_bitmask_inplace computes, out of place."""
+    allowed = unpack_bitmask(bitmask, logits.shape[1])  # [S, vocab]
+    return logits.masked_fill(~allowed, float("-inf"))
+# --8<-- [end:token_bitmask]
 
 
 def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -361,6 +386,8 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     if metadata.blocked_token_ids.numel():  # some row has tokens it may not draw yet
         blocked = _blocked_mask(metadata.blocked_token_ids, vocab)  # [S, vocab]
         logits = logits.masked_fill(blocked, float("-inf"))
+    if metadata.token_bitmask is not None:  # some row follows a grammar
+        logits = apply_token_bitmask(logits, metadata.token_bitmask)  # [S, vocab]
     # --8<-- [end:raw_logprobs]
     if metadata.penalties is not None:  # some row has a penalty or a logit bias
         logits = apply_penalties(logits, metadata.penalties)  # [S, vocab]
