@@ -65,6 +65,16 @@ class _Request(BaseModel):
     best_of: int | None = None  # not implemented: refused unless None or n
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> [-100, 100]
     user: str | None = None
+    # Structured outputs (at most one of them; structured_outputs_spec below): OpenAI's
+    # {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}};
+    # vLLM's extra body field {"json" | "regex" | "choice" | "grammar": ...}, and its older
+    # guided_* fields
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_Request):
@@ -101,7 +111,6 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's extension
-    response_format: dict | None = None  # not implemented: refused unless {"type": "text"}
     tools: list | None = None  # not implemented: refused unless empty
     echo: bool = False  # completions only: refused unless False (request_mapping.py)
 
@@ -128,10 +137,6 @@ def parse_request(cls: type[_Request], data: Any) -> _Request:
     for name, (default, message) in UNSUPPORTED.items():
         if name in cls.model_fields and getattr(request, name) != default:
             raise APIError(400, message, name)
-    if getattr(request, "response_format", None) not in (None, {"type": "text"}):
-        raise APIError(400, "response_format is not supported by this engine (no JSON mode or "
-                            "structured output); leave it out or use {\"type\": \"text\"}",
-                       "response_format")
     if getattr(request, "tools", None):
         raise APIError(400, "tools are not supported by this engine (no tool calling); leave "
                             "them out", "tools")
@@ -139,6 +144,61 @@ def parse_request(cls: type[_Request], data: Any) -> _Request:
     if best_of is not None and best_of != request.n:
         raise APIError(400, "best_of is not supported by this engine; use n", "best_of")
     return request
+
+
+# -- structured outputs ------------------------------------------------------------------------
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "grammar"}
+
+
+def structured_outputs_spec(request) -> tuple[dict, str] | None:
+    """The request's structured output as StructuredOutputsParams' keyword arguments, and
+    the request field that names it in an error (its "param"); None without one.
+
+    response_format (other than {"type": "text"}), structured_outputs and the guided_*
+    fields each ask for one; more than one of them is a 400 naming the second. The spec
+    itself (a valid schema, regex, grammar) is checked by StructuredOutputsParams."""
+    found = []
+    fmt = getattr(request, "response_format", None)
+    if fmt is not None and fmt != {"type": "text"}:
+        found.append(_response_format(fmt))
+    so = getattr(request, "structured_outputs", None)
+    if so is not None:
+        unknown = [k for k, v in so.items() if k not in STRUCTURED_KINDS and v is not None]
+        if unknown:
+            raise APIError(400, f"structured_outputs.{unknown[0]} is not supported by this "
+                                f"engine; give one of {', '.join(STRUCTURED_KINDS)}",
+                           f"structured_outputs.{unknown[0]}")
+        found.append(({k: v for k, v in so.items() if v is not None}, "structured_outputs"))
+    for name, kind in GUIDED.items():
+        value = getattr(request, name, None)
+        if value is not None:
+            found.append(({kind: value}, name))
+    if len(found) > 1:
+        first, second = found[0][1].split(".")[0], found[1][1].split(".")[0]
+        raise APIError(400, f"{second} and {first} both ask for a structured output; give "
+                            "one of them", second)
+    return found[0] if found else None
+
+
+def _response_format(fmt: dict) -> tuple[dict, str]:
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return {"json_object": True}, "response_format"
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise APIError(400, "response_format.json_schema is required with type "
+                                "json_schema: {\"name\": ..., \"schema\": {...}}",
+                           "response_format.json_schema")
+        if spec.get("schema") is None:
+            raise APIError(400, "response_format.json_schema.schema is required: the JSON "
+                                "schema the output must follow",
+                           "response_format.json_schema.schema")
+        return {"json": spec["schema"]}, "response_format.json_schema.schema"
+    raise APIError(400, f"response_format.type must be 'text', 'json_object' or "
+                        f"'json_schema', got {kind!r:.40}", "response_format")
 
 
 def field_path(loc: tuple) -> str:

@@ -14,8 +14,15 @@ from dataclasses import dataclass
 
 from pagedllm.reference.engine.chat import chat_prompt
 from pagedllm.reference.engine.sampling_params import SamplingParams
+from pagedllm.reference.engine.structured_outputs import StructuredOutputsParams
 
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_request
+from .protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+    structured_outputs_spec,
+)
 
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
@@ -76,7 +83,9 @@ class RequestMapper:
         if top_k == 0 or top_k >= self.vocab_size:
             top_k = -1
         logit_bias = _logit_bias(req.logit_bias)
+        structured = structured_outputs_spec(req)  # (spec's keywords, its field) or None
         try:
+            spec = None if structured is None else _structured_outputs(*structured)
             return SamplingParams(
                 n=req.n, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed,
                 max_tokens=max_tokens if max_tokens is not None else self.max_model_len,
@@ -85,7 +94,7 @@ class RequestMapper:
                 repetition_penalty=req.repetition_penalty,
                 presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, min_p=req.min_p,
-                logit_bias=logit_bias)
+                logit_bias=logit_bias, structured_outputs=spec)
         except (ValueError, TypeError) as err:
             raise refusal(err, prompt_field) from None
 
@@ -147,6 +156,18 @@ class RequestMapper:
         params = self._params(req, max_tokens, logprobs, "messages")
         return EngineRequest([prompt], params, "messages", chat=True, logprobs=logprobs,
                              include_usage=_include_usage(req), stream=req.stream)
+
+
+def _structured_outputs(kwargs: dict, param: str) -> StructuredOutputsParams:
+    """StructuredOutputsParams from the request's spec; its refusal (xgrammar's reason) is a
+    400 naming the request's own field: response_format.json_schema.schema, guided_json..."""
+    try:
+        return StructuredOutputsParams(**kwargs)
+    except ValueError as err:
+        message = str(err)
+        if param != "structured_outputs":  # the engine's name for it -> the request's
+            message = message.replace(f"structured_outputs.{next(iter(kwargs))}", param)
+        raise APIError(400, message, param) from None
 
 
 def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
