@@ -148,7 +148,9 @@ def test_a_dead_replica_fails_only_its_own_requests(replicas, server):
             lines = [first.iter_lines(), second.iter_lines()]
             for stream in lines:
                 next(line for line in stream if line.startswith("data: {"))
-            assert all(s["running"] == 1 for s in server.app.state.engine.stats["replicas"])
+            wait_for(lambda: all(s["running"] == 1
+                                 for s in server.app.state.engine.stats["replicas"]),
+                     "one long request on each replica")
             replicas.replicas[1].process.kill()
             events = [json.loads(line[6:]) for stream in lines for line in stream
                       if line.startswith("data: {")]
