@@ -101,6 +101,27 @@ def test_a_burst_spreads_over_both_replicas_and_nothing_is_lost(server, referenc
     assert sum(metric(server, "generation_tokens_total").values()) - tokens_before == tokens
 
 
+def test_structured_outputs_cross_to_the_replicas(server):
+    """The request's SamplingParams (a JSON schema here) travel to the replica by pickle; the
+    grammar is compiled and applied there."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                                timeout=120)
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+
+    async def both():  # at once: one on each replica
+        try:
+            return await asyncio.gather(*(client.completions.create(
+                model=MODEL, prompt="The with statement", max_tokens=40, seed=seed,
+                extra_body={"response_format": fmt}) for seed in range(2)))
+        finally:
+            await client.close()
+
+    for out in asyncio.run(both()):
+        assert out.choices[0].finish_reason == "stop"
+        assert isinstance(json.loads(out.choices[0].text)["n"], int)
+
+
 def test_a_client_that_leaves_frees_the_blocks_of_its_replica(server):
     decoded = [s["decode_tokens"] for s in idle(server)["replicas"]]
     aborted = metric(server, "request_success_total", finished_reason="abort")
