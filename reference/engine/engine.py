@@ -20,6 +20,7 @@ runner (``model_runner.py``), chosen once, from the config, when the engine is b
 import itertools
 import random
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
@@ -46,7 +47,7 @@ from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
 from .step_inputs import StepInputs, prepare_inputs
 from .stop import check_stop
 from .structured_outputs import FIELD as STRUCTURED_OUTPUTS
-from .structured_outputs import GrammarCache, advance
+from .structured_outputs import BackgroundCompiler, advance
 from .validation import FieldValueError
 
 StepObserver = Callable[["LLMEngine", SchedulerOutput, StepInputs], None]
@@ -92,7 +93,10 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.step_observers: list[StepObserver] = []
         self.weight_bytes = weight_bytes(self.runner.model)  # once: the weights never change
-        self._grammars: GrammarCache | None = None  # built by the first structured output
+        # structured outputs: the grammars (built by the first request with one), and the
+        # requests whose grammar is still compiling (they join the scheduler when it is done)
+        self._grammars: BackgroundCompiler | None = None
+        self._compiling: list[tuple[SequenceGroup, Future]] = []
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -112,7 +116,10 @@ class LLMEngine:
         self.runner.check_health()
 
     def shutdown(self) -> None:
-        """End what the engine started (a tensor-parallel engine's worker ranks)."""
+        """End what the engine started (a tensor-parallel engine's worker ranks, the
+        grammar compiler's thread)."""
+        if self._grammars is not None:
+            self._grammars.shutdown()
         self.runner.shutdown()
 
     @property
@@ -136,43 +143,75 @@ class LLMEngine:
         text, ids = prompt_ids(prompt, self.tokenizer, self.vocab_size)
         check_request(request_id, len(ids), params, self.kv, self.config.scheduler_config,
                       self.vocab_size)
-        grammar = self._compile(params)
+        compiling = self._check_grammar(params)
         seed = getattr(params, "seed", None)
         if seed is None:
             seed = self.seed_stream.getrandbits(62)
-        group = SequenceGroup(request_id, [], params, next(self._arrivals), seed, prompt=text,
-                              grammar=grammar)
-        group.seqs.append(Sequence(next_seq_id(), ids, matcher=None if grammar is None
-                                   else self._grammars.matcher(grammar)))
+        group = SequenceGroup(request_id, [], params, next(self._arrivals), seed, prompt=text)
+        group.seqs.append(Sequence(next_seq_id(), ids))
         self.groups[request_id] = group
-        self.scheduler.add(group)
+        if compiling is None:
+            self.scheduler.add(group)
+        elif isinstance(compiling, Future):  # a new grammar: the request waits for it
+            self._compiling.append((group, compiling))
+        else:
+            self._set_grammar(group, compiling)
+            self.scheduler.add(group)
 
     # --8<-- [start:compile]
-    def _compile(self, params):
-        """The compiled grammar of a request's structured outputs (None without), from the
-        cache: a spec seen before costs a dictionary lookup."""
+    def _check_grammar(self, params):
+        """A request's structured outputs: None without; the compiled grammar if it is
+        cached (a dictionary lookup); else the Future of its compile on the compiler's
+        thread, which does not hold up the steps of the requests already running."""
         spec = getattr(params, "structured_outputs", None)
         if spec is None:
             return None
         if self.tokenizer is None or self.eos_token_id is None:
             raise FieldValueError(STRUCTURED_OUTPUTS, "structured outputs need the model's "
                                   "tokenizer and its EOS token; this model folder has none")
-        if self._grammars is None:  # the vocabulary's table, built once
-            self._grammars = GrammarCache(self.tokenizer, self.vocab_size, self.eos_token_id)
-        return self._grammars.get(spec)
+        if self._grammars is None:
+            self._grammars = BackgroundCompiler(self.tokenizer, self.vocab_size,
+                                                self.eos_token_id)
+        compiled = self._grammars.lookup(spec)
+        return compiled if compiled is not None else self._grammars.submit(spec)
+
+    def _set_grammar(self, group: SequenceGroup, grammar) -> None:
+        group.grammar = grammar
+        group.seqs[0].matcher = self._grammars.matcher(grammar)  # at the grammar's start
+
+    def _admit_compiled(self) -> list[SequenceGroup]:
+        """Requests whose grammar is compiled join the scheduler (in arrival order); with
+        nothing else to run, wait a little for one. Returns the requests whose compile
+        failed: they finish with finish_reason "error"."""
+        if not self.scheduler.has_unfinished():
+            wait([f for _, f in self._compiling], timeout=0.01, return_when=FIRST_COMPLETED)
+        failed, still = [], []
+        for group, future in self._compiling:
+            if not future.done():
+                still.append((group, future))
+            elif future.exception() is not None:
+                group.seqs[0].status = SequenceStatus.FINISHED
+                group.seqs[0].finish_reason = "error"
+                failed.append(group)
+            else:
+                self._set_grammar(group, future.result())
+                self.scheduler.add(group)
+        self._compiling = still
+        return failed
     # --8<-- [end:compile]
 
     def abort_request(self, request_id: str) -> None:
         group = self.groups.get(request_id)
         if group is None:
             raise ValueError(f"no request with id {request_id!r} is in the engine")
+        self._compiling = [(g, f) for g, f in self._compiling if g is not group]
         self.scheduler.remove(group)
         for seq in group.unfinished_seqs():
             seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
         del self.groups[request_id]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._compiling)
 
     def add_step_observer(self, observer: StepObserver) -> None:
         """Call observer(engine, scheduler_output, step_inputs) in every step, just before the
@@ -188,6 +227,7 @@ class LLMEngine:
         finish_reason "error" and their memory freed before the exception goes on: the
         engine stays usable and every other request is untouched.
         """
+        failed = self._admit_compiled() if self._compiling else []
         sched = None
         try:
             sched = self.scheduler.schedule()
@@ -206,7 +246,7 @@ class LLMEngine:
         except BaseException:
             self._fail_step(sched)
             raise
-        touched = list(dict.fromkeys(item.group for item in sched.scheduled))
+        touched = list(dict.fromkeys(item.group for item in sched.scheduled)) + failed
         self.scheduler.finish_requests(touched)
         outputs = [self._output(g) for g in touched if g.is_finished or g.streams]
         for group in touched:
@@ -380,7 +420,9 @@ class LLMEngine:
             "cow_copies": self.kv.num_cow_copies,
             **self.kv.prefix_cache_stats(),
             "prefill_tokens": c["prefill_tokens"], "decode_tokens": c["decode_tokens"],
-            "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+            "running": len(self.scheduler.running),
+            # waiting for memory, or for their grammar to compile
+            "waiting": len(self.scheduler.waiting) + len(self._compiling),
             "swapped": len(self.scheduler.swapped),
             # What the pool stores and costs: bytes per token count the int8/int4 scales; a
             # tensor-parallel engine's are rank 0's (its KV heads only).

@@ -236,20 +236,28 @@ def _blocked_mask(blocked_token_ids: torch.Tensor, vocab_size: int) -> torch.Ten
     return mask.scatter_(1, ids, True)[:, :vocab_size]  # [S, vocab], spare column dropped
 
 
+# The int32 with only bit b set, b = 0..31 (bit 31 is the sign bit: -2**31).
+ONE_BIT = [1 << b for b in range(31)] + [-(1 << 31)]
+
+
 # --8<-- [start:token_bitmask]
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 [S, W] bitmask -> bool [S, vocab], True where the token is allowed: token t
     is bit t % 32 of word t // 32 (xgrammar's layout; the low bit first)."""
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
-    allowed = (bitmask[:, :, None] >> bits) & 1  # [S, W, 32]; & 1 drops the sign's copies
-    return allowed.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()  # [S, vocab]
+    bits = torch.tensor(ONE_BIT, dtype=torch.int32, device=bitmask.device)  # [32]
+    allowed = (bitmask[:, :, None] & bits) != 0  # [S, W, 32]
+    return allowed.reshape(bitmask.shape[0], -1)[:, :vocab_size]  # [S, vocab]
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """logits [S, vocab] -> the same with -inf wherever the grammar forbids the token:
-    what xgrammar's apply_token_bitmask_inplace computes, out of place."""
-    allowed = unpack_bitmask(bitmask, logits.shape[1])  # [S, vocab]
-    return logits.masked_fill(~allowed, float("-inf"))
+    """logits [S, vocab] -> a copy with -inf wherever the grammar forbids the token
+    (what xgrammar's apply_token_bitmask_inplace computes, out of place). Only the rows
+    that forbid something are unpacked: a row without a grammar is all ones."""
+    out = logits.clone()
+    rows = (bitmask != -1).any(dim=1).nonzero()[:, 0]  # [R]
+    allowed = unpack_bitmask(bitmask[rows], logits.shape[1])  # [R, vocab]
+    out[rows] = torch.where(allowed, logits[rows], float("-inf"))
+    return out
 # --8<-- [end:token_bitmask]
 
 

@@ -6,6 +6,7 @@ by name, leaving the engine and its other requests as they were."""
 
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -209,10 +210,67 @@ def test_a_refusal_at_the_door_leaves_the_engine_and_its_requests_alone(tier, ch
 
 def test_a_repeated_spec_is_compiled_once(tier, llm):
     generate(tier, llm, Spec(regex="[0-9]{3}"), prompts=PROMPTS[:1], max_tokens=4)
-    cache = llm.engine._grammars
+    cache = llm.engine._grammars.cache
     before = cache.compiles
     for _ in range(3):
         generate(tier, llm, Spec(regex="[0-9]{3}"), prompts=PROMPTS[:1], max_tokens=4)
     assert cache.compiles == before
     generate(tier, llm, Spec(regex="[0-9]{4}"), prompts=PROMPTS[:1], max_tokens=5)
     assert cache.compiles == before + 1
+
+
+def test_a_new_grammar_compiles_while_the_other_requests_step(tier, llm):
+    """The compile runs on the compiler's thread: held there (an Event), it holds up only its
+    own request, which waits outside the scheduler, while the running request decodes; once
+    released, the request runs and follows its grammar."""
+    engine = llm.engine
+    generate(tier, llm, Spec(choice=["warm"]), prompts=PROMPTS[:1])  # the compiler exists
+    compiler = engine._grammars
+    release, original = threading.Event(), compiler._compile
+    compiler._compile = lambda spec: release.wait(60) and original(spec)
+    plain = tier.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = {"prompt_token_ids": llm.tokenizer("A list is")["input_ids"]}
+    try:
+        engine.add_request("plain", prompt, plain)
+        engine.add_request("held", prompt, tier.SamplingParams(
+            temperature=0.0, max_tokens=12, structured_outputs=Spec(regex="[0-9]{5}")))
+        for _ in range(4):
+            engine.step()
+        assert len(engine.groups["plain"].seqs[0].output_token_ids) == 4
+        held = engine.groups["held"]
+        assert held.seqs[0].output_token_ids == [] and held.grammar is None
+        assert engine.stats()["waiting"] == 1 and engine.has_unfinished_requests()
+    finally:
+        release.set()
+        compiler._compile = original
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+    assert re.fullmatch("[0-9]{5}", outs["held"].text) and outs["held"].finish_reason == "stop"
+    alone = llm.generate([prompt], plain, use_tqdm=False)[0].outputs[0]
+    assert outs["plain"].token_ids == alone.token_ids
+    assert engine.stats()["blocks_used"] == 0
+
+
+def test_a_failed_compile_ends_only_its_request(tier, llm):
+    """A compile that fails after the spec parsed (the compiler raises) ends its request with
+    finish_reason "error"; nothing else notices, no block is held."""
+    engine = llm.engine
+    generate(tier, llm, Spec(choice=["warm"]), prompts=PROMPTS[:1])
+    compiler = engine._grammars
+
+    def broken(spec):
+        raise FieldValueError("structured_outputs", "injected compile failure")
+
+    compiler._compile, original = broken, compiler._compile
+    try:
+        params = tier.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        outs = llm.generate([PROMPTS[0], PROMPTS[1]], [params, tier.SamplingParams(
+            max_tokens=6, structured_outputs=Spec(regex="[a-z]{7}"))], use_tqdm=False)
+    finally:
+        compiler._compile = original
+    assert outs[1].outputs[0].finish_reason == "error" and outs[1].outputs[0].token_ids == []
+    assert outs[0].outputs[0].token_ids == generate(
+        tier, llm, None, prompts=PROMPTS[:1], temperature=0.0, max_tokens=6,
+        ignore_eos=True)[0].token_ids
+    assert engine.stats()["blocks_used"] == 0 and not engine.has_unfinished_requests()
