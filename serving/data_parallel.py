@@ -209,15 +209,14 @@ class ReplicaEngine:
     @property
     def is_up(self) -> bool:
         """The process runs and its engine could step at its last answer."""
-        if self.dead is None and not self.process.is_alive():
-            self.dead = (f"data-parallel replica {self.index} is down (its process ended with "
-                         f"exit code {self.process.exitcode})")
-        return self.dead is None and self._health is None
+        # Read-only: only the engine thread updates the proxy's state (its next call fails).
+        return self.dead is None and self.process.is_alive() and self._health is None
 
     def check_health(self) -> None:
         if not self.is_up:
-            raise RuntimeError(self.dead or f"data-parallel replica {self.index}: "
-                               f"{self._health}")
+            raise RuntimeError(self.dead or self._health or
+                               f"data-parallel replica {self.index} is down (its process "
+                               f"ended with exit code {self.process.exitcode})")
 
     def stop(self) -> None:
         """Ask the process to end (after the step in progress); kill it if it does not."""

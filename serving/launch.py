@@ -69,19 +69,19 @@ def serve(args: argparse.Namespace) -> int:
         from .data_parallel import DataParallelLLM
 
         llm = DataParallelLLM(args)  # every replica loads its own copy, in its own process
-    name = served_name(args)
-    app = build_app(llm, name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
-                    request_timeout=args.request_timeout or None)
-    sock = bind(args.host, args.port)  # bound before the banner, so the port is known
-    host, port = sock.getsockname()[:2]
-    stats = llm.stats()
-    replicas = (f"{args.data_parallel_size} replicas, " if args.data_parallel_size > 1
-                else "")
-    print(f"pagedllm: serving {name} ({args.tier} tier, {replicas}{stats['blocks_total']} KV "
-          f"blocks of {args.block_size} tokens, max_model_len {app.state.engine.max_model_len})"
-          f" on http://{host}:{port}/v1", flush=True)
-    config = uvicorn.Config(app, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
-    try:
+    try:  # whatever fails from here on, the replicas and ranks end
+        name = served_name(args)
+        app = build_app(llm, name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                        request_timeout=args.request_timeout or None)
+        sock = bind(args.host, args.port)  # bound before the banner, so the port is known
+        host, port = sock.getsockname()[:2]
+        stats = llm.stats()
+        replicas = (f"{args.data_parallel_size} replicas, " if args.data_parallel_size > 1
+                    else "")
+        print(f"pagedllm: serving {name} ({args.tier} tier, {replicas}{stats['blocks_total']} KV "
+              f"blocks of {args.block_size} tokens, max_model_len {app.state.engine.max_model_len})"
+              f" on http://{host}:{port}/v1", flush=True)
+        config = uvicorn.Config(app, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         llm.shutdown()  # a tensor-parallel engine's worker ranks end with the server
