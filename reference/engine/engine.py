@@ -160,20 +160,22 @@ class LLMEngine:
 
     # --8<-- [start:compile]
     def _check_grammar(self, params):
-        """A request's structured outputs: None without; the compiled grammar if it is
-        cached (a dictionary lookup); else the Future of its compile on the compiler's
-        thread, which does not hold up the steps of the requests already running."""
+        """A request's structured outputs: None without; the compiled grammar if it
+        is cached (a dictionary lookup); else the Future of its compile on the
+        compiler's thread, which does not hold up the running requests' steps."""
         spec = getattr(params, "structured_outputs", None)
         if spec is None:
             return None
         if self.tokenizer is None or self.eos_token_id is None:
-            raise FieldValueError(STRUCTURED_OUTPUTS, "structured outputs need the model's "
-                                  "tokenizer and its EOS token; this model folder has none")
+            raise FieldValueError(STRUCTURED_OUTPUTS, "structured outputs need the "
+                                  "model's tokenizer and its EOS token; this model "
+                                  "folder has none")
         if self._grammars is None:
             self._grammars = BackgroundCompiler(self.tokenizer, self.vocab_size,
                                                 self.eos_token_id)
         compiled = self._grammars.lookup(spec)
         return compiled if compiled is not None else self._grammars.submit(spec)
+    # --8<-- [end:compile]
 
     def _set_grammar(self, group: SequenceGroup, grammar) -> None:
         group.grammar = grammar
@@ -198,7 +200,6 @@ class LLMEngine:
                 self.scheduler.add(group)
         self._compiling = still
         return failed
-    # --8<-- [end:compile]
 
     def abort_request(self, request_id: str) -> None:
         group = self.groups.get(request_id)

@@ -185,7 +185,6 @@ class GrammarCache:
         return _xgrammar().GrammarMatcher(compiled)
 
 
-# --8<-- [start:background]
 class BackgroundCompiler:
     """The engine's grammars: a cached one at once, a new one compiled on a thread of its
     own. xgrammar releases the GIL while it compiles, so the engine thread goes on stepping
@@ -220,7 +219,6 @@ class BackgroundCompiler:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-# --8<-- [end:background]
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -229,14 +227,16 @@ def bitmask_words(vocab_size: int) -> int:
 
 
 # --8<-- [start:fill_bitmask]
-def fill_bitmask(matchers: list, blocked: list[list[int]], vocab_size: int) -> torch.Tensor:
-    """One bitmask row per logits row, int32 [S, ceil(vocab / 32)]: bit t of row r (word
-    t // 32, bit t % 32) is 1 when token t may come next. A row without a grammar (matcher
-    None) allows everything (-1 is all ones).
+def fill_bitmask(matchers: list, blocked: list[list[int]],
+                 vocab_size: int) -> torch.Tensor:
+    """One bitmask row per logits row, int32 [S, ceil(vocab / 32)]: bit t of row r
+    (word t // 32, bit t % 32) is 1 when token t may come next. A row without a grammar
+    (matcher None) allows everything (-1 is all ones).
 
-    blocked[r]: the tokens row r blocks for min_tokens (EOS, stop ids). Where the grammar
-    allows nothing else (it is complete: only EOS may follow), they are unblocked, in place:
-    the grammar's end wins over min_tokens, or the row would have no token left to draw.
+    blocked[r]: the tokens row r blocks for min_tokens (EOS, stop ids). Where the
+    grammar allows nothing else (it is complete: only EOS may follow), they are
+    unblocked, in place: the grammar's end wins over min_tokens, or the row would have
+    no token left to draw.
     """
     mask = torch.full((len(matchers), bitmask_words(vocab_size)), -1, dtype=torch.int32)
     for r, matcher in enumerate(matchers):
