@@ -110,7 +110,7 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
         run = RequestRun(ids, outputs, req.params, response_id, served_model_name,
                          engine.tokenizer, chat=req.chat, logprobs=req.logprobs,
                          include_usage=req.include_usage, echo=req.echo,
-                         generates=req.generates)
+                         generates=req.generates, prompt_logprobs=req.prompt_logprobs)
         return EngineResponse(engine, run, stream=req.stream, timeout=request_timeout)
 
     @app.post("/v1/completions")

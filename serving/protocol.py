@@ -64,6 +64,9 @@ class _Request(BaseModel):
     min_p: float = 0.0  # vLLM's extension: [0, 1]
     best_of: int | None = None  # not implemented: refused unless None or n
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> [-100, 100]
+    # vLLM's extension: every prompt token's logprob and the top k (-1: the whole
+    # vocabulary), as "prompt_logprobs" in the answer; not with stream
+    prompt_logprobs: int | None = None
     user: str | None = None
     # Structured outputs (at most one of them; structured_outputs_spec below): OpenAI's
     # {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}};

@@ -41,6 +41,7 @@ class EngineRequest:
     stream: bool
     echo: bool = False  # completions: the prompt comes back before the completion
     generates: bool = True  # False: max_tokens 0 with echo, the prompt is only scored
+    prompt_logprobs: int | None = None  # vLLM's field: the answer's prompt_logprobs, top k
 
 
 def refusal(err: Exception, prompt_field: str) -> APIError:
@@ -62,6 +63,21 @@ class RequestMapper:
         if model is not None and model != self.model_name:
             raise APIError(404, f"the model `{model}` does not exist; this server serves "
                                 f"`{self.model_name}` (GET /v1/models)", "model")
+
+    def _prompt_logprobs(self, req) -> int | None:
+        """vLLM's prompt_logprobs field: k, with -1 (the whole vocabulary) as the vocabulary's
+        size; refused with stream, as vLLM refuses it (the entries come once, after the
+        prefill, while a stream's chunks carry only new tokens)."""
+        k = req.prompt_logprobs
+        if k is None:
+            return None
+        if req.stream:
+            raise APIError(400, "prompt_logprobs is not available with stream: true; leave "
+                                "one of them out", "prompt_logprobs")
+        if k < -1:
+            raise APIError(400, f"prompt_logprobs must be -1 (the whole vocabulary) or >= 0, "
+                                f"got {k}", "prompt_logprobs")
+        return self.vocab_size if k == -1 else k
 
     def _params(self, req, max_tokens: int | None, logprobs: int | None,
                 prompt_field: str, prompt_logprobs: int | None = None) -> SamplingParams:
@@ -111,8 +127,11 @@ class RequestMapper:
                 raise APIError(400, "max_tokens = 0 generates nothing: it is accepted only "
                                     "with echo: true (to score the prompt)", "max_tokens")
             max_tokens, generates = 1, False
+        # the engine's k covers both echo's (logprobs) and prompt_logprobs' own
+        prompt_k = self._prompt_logprobs(req)
+        wanted = [k for k in (prompt_k, req.logprobs if req.echo else None) if k is not None]
         params = self._params(req, max_tokens, req.logprobs, "prompt",
-                              prompt_logprobs=req.logprobs if req.echo else None)
+                              prompt_logprobs=max(wanted) if wanted else None)
         prompt = req.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompts = [prompt]
@@ -126,7 +145,7 @@ class RequestMapper:
         prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
         return EngineRequest(prompts, params, "prompt", chat=False, logprobs=req.logprobs,
                              include_usage=_include_usage(req), stream=req.stream,
-                             echo=req.echo, generates=generates)
+                             echo=req.echo, generates=generates, prompt_logprobs=prompt_k)
 
     # -- /v1/chat/completions ------------------------------------------------------------------
     def chat(self, data) -> EngineRequest:
@@ -153,9 +172,11 @@ class RequestMapper:
             else req.max_tokens
         if max_tokens is None:  # as many as the context leaves
             max_tokens = max(1, self.max_model_len - len(prompt["prompt_token_ids"]))
-        params = self._params(req, max_tokens, logprobs, "messages")
+        prompt_k = self._prompt_logprobs(req)
+        params = self._params(req, max_tokens, logprobs, "messages", prompt_logprobs=prompt_k)
         return EngineRequest([prompt], params, "messages", chat=True, logprobs=logprobs,
-                             include_usage=_include_usage(req), stream=req.stream)
+                             include_usage=_include_usage(req), stream=req.stream,
+                             prompt_logprobs=prompt_k)
 
 
 def _structured_outputs(kwargs: dict, param: str) -> StructuredOutputsParams:

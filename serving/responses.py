@@ -6,6 +6,9 @@ at the end (``body``), or server-sent events as the steps produce them (``first_
 ``echo`` starts with its prompt: the prompt's text before the completion's, and with logprobs
 the prompt's tokens before the completion's in OpenAI's legacy layout (the first token's
 logprob None: nothing predicts it), as vLLM answers; with ``max_tokens: 0`` the prompt alone.
+vLLM's ``prompt_logprobs: k`` adds its own layout, on each completion choice (on the chat
+answer itself): per prompt token None (the first) or ``{"id": {"logprob", "rank",
+"decoded_token"}}`` for the token and the k most likely.
 ``EngineResponse`` is the ASGI response that sends them while it watches the connection: a
 client that hangs up, or a request past its time limit, is aborted in the engine.
 """
@@ -28,9 +31,9 @@ class RequestRun:
     def __init__(self, ids: list[str], outputs: asyncio.Queue, params: SamplingParams,
                  response_id: str, model_name: str, tokenizer, *, chat: bool,
                  logprobs: int | None, include_usage: bool, echo: bool = False,
-                 generates: bool = True):
+                 generates: bool = True, prompt_logprobs: int | None = None):
         self.ids, self.outputs, self.params = ids, outputs, params
-        self.echo, self.generates = echo, generates
+        self.echo, self.generates, self.prompt_k = echo, generates, prompt_logprobs
         self.echoed: dict[int, int] = {}  # streams: choice -> its prompt's text length, sent
         self.id, self.model_name, self.tokenizer = response_id, model_name, tokenizer
         self.chat, self.logprobs, self.include_usage = chat, logprobs, include_usage
@@ -84,6 +87,20 @@ class RequestRun:
         entries = list(zip(out.prompt_token_ids, out.prompt_logprobs or [], strict=False))
         return self._prompt_text(out), entries
 
+    def _prompt_logprobs(self, out) -> list:
+        """vLLM's prompt_logprobs: per prompt token None (the first) or {id: {logprob, rank,
+        decoded_token}} for the token itself and the k most likely (ranks 1..k)."""
+        answer = [None]
+        for token, lps, rank in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:],
+                                    out.prompt_token_ranks[1:], strict=True):
+            entry = {str(token): {"logprob": lps[token], "rank": rank,
+                                  "decoded_token": self._token(token)}}
+            for i, (t, lp) in enumerate(_top(lps, self.prompt_k), start=1):
+                entry.setdefault(str(t), {"logprob": lp, "rank": i,
+                                          "decoded_token": self._token(t)})
+            answer.append(entry)
+        return answer
+
     def _logprobs(self, completion, start: int, text_offset: int = 0, before=()):
         """The completion's token logprobs from token `start` on, after the entries
         `before` (echo's prompt entries; an entry's logprobs None: the first token)."""
@@ -128,11 +145,16 @@ class RequestRun:
                     choice["message"] = {"role": "assistant", "content": c.text}
                 else:
                     choice["text"] = text
+                    if self.prompt_k is not None:
+                        choice["prompt_logprobs"] = self._prompt_logprobs(out)
                 choices.append(choice)
         choices.sort(key=lambda ch: ch["index"])
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+        body = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model_name, "choices": choices,
                 "usage": self._usage(outs)}
+        if self.chat and self.prompt_k is not None:  # vLLM: on the answer, one prompt
+            body["prompt_logprobs"] = self._prompt_logprobs(outs[0])
+        return body
 
     # -- server-sent events -------------------------------------------------------------------
     def _chunk(self, choices: list, **extra) -> bytes:

@@ -401,7 +401,8 @@ class LLMEngine:
         wanted = group.prompt_logprobs
         done = wanted is not None and len(wanted) == len(prompt_ids)
         return RequestOutput(group.request_id, group.prompt, prompt_ids, completions,
-                             group.is_finished, prompt_logprobs=wanted if done else None)
+                             group.is_finished, prompt_logprobs=wanted if done else None,
+                             prompt_token_ranks=group.prompt_token_ranks if done else None)
 
     def _decode(self, tokens: list[int]) -> str:
         if self.tokenizer is None:

@@ -25,3 +25,5 @@ class RequestOutput:
     # with SamplingParams.prompt_logprobs: None, then per prompt token {token id: logprob}
     # (the token's own and the top k), once the prefill is done (prompt_logprobs.py)
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # beside it: each prompt token's rank in its distribution (1 = the most likely)
+    prompt_token_ranks: list[int | None] | None = None

@@ -14,7 +14,10 @@ well, and the engine turns them into one entry per prompt token — vLLM's shape
 
 Each dict holds the prompt token's own logprob and the k most likely tokens' (k = 0: the
 prompt token's alone), from the raw distribution (log-softmax of the logits, before
-temperature, penalties or logit_bias), as vLLM returns them. Requests without prompt_logprobs
+temperature, penalties or logit_bias), as vLLM returns them. Beside it,
+``RequestOutput.prompt_token_ranks`` holds each prompt token's rank in that distribution
+(1: the most likely; None for token 0): vLLM's ``Logprob.rank``, which the top k cannot give
+for a token outside them. Requests without prompt_logprobs
 add no row and no work.
 
 Across steps. A chunked prefill computes positions [start, end) in a step: its rows are those
@@ -73,7 +76,8 @@ def prompt_rows(group: SequenceGroup, start: int, end: int,
 def collect_prompt_logprobs(rows: list[PromptLogprobRows],
                             logits: torch.Tensor) -> None:
     """logits [P, vocab]: the step's prompt rows, in the order of rows. Appends each
-    prompt token's entry {token: logprob, **top k} to its group's prompt_logprobs."""
+    prompt token's entry {token: logprob, **top k} to its group's prompt_logprobs, and its
+    rank (1 + how many tokens are more likely) to prompt_token_ranks."""
     if not rows:
         return
     targets = []  # the prompt token each row predicts
@@ -81,11 +85,13 @@ def collect_prompt_logprobs(rows: list[PromptLogprobRows],
         targets += r.group.seqs[0].prompt_token_ids[r.first + 1:r.first + 1 + r.num]
     index = torch.tensor(targets, device=logits.device)[:, None]  # [P, 1]
     k = max(r.group.sampling_params.prompt_logprobs for r in rows)
-    chosen, top_ids, top_lps = [], [], []
+    chosen, ranks, top_ids, top_lps = [], [], [], []
     for i in range(0, len(targets), ROWS_PER_CHUNK):  # bounds the float32 copy
         j = i + ROWS_PER_CHUNK
         lp = torch.log_softmax(logits[i:j].float(), dim=-1)  # [p, vocab]
-        chosen += lp.gather(1, index[i:j])[:, 0].tolist()
+        own = lp.gather(1, index[i:j])  # [p, 1]
+        chosen += own[:, 0].tolist()
+        ranks += ((lp > own).sum(dim=-1) + 1).tolist()
         if k:
             values, ids = lp.topk(k, dim=-1)  # [p, k]
             top_ids += ids.tolist()
@@ -96,5 +102,6 @@ def collect_prompt_logprobs(rows: list[PromptLogprobRows],
         for _ in range(r.num):
             top = zip(top_ids[row][:k], top_lps[row][:k], strict=True) if k else ()
             r.group.prompt_logprobs.append({targets[row]: chosen[row], **dict(top)})
+            r.group.prompt_token_ranks.append(ranks[row])
             row += 1
 # --8<-- [end:collect]

@@ -93,11 +93,12 @@ class SequenceGroup:
     # With SamplingParams.prompt_logprobs: the prompt's entries so far (prompt_logprobs.py),
     # [None] at first (the first token has no logprob); None when not asked for.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_token_ranks: list[int | None] | None = None  # beside it: each token's rank
     grammar: object | None = None  # structured outputs: the compiled grammar (xgrammar's)
 
     def __post_init__(self):
         if getattr(self.sampling_params, "prompt_logprobs", None) is not None:
-            self.prompt_logprobs = [None]
+            self.prompt_logprobs, self.prompt_token_ranks = [None], [None]
 
     @property
     def reads_prefix_cache(self) -> bool:

@@ -29,10 +29,17 @@ def generate(llm, tier, k=2, prompts=PROMPTS, **params):
 
 
 def check(outs, expected, k=2, prompts=PROMPTS):
-    """outs: RequestOutputs, or their prompt_logprobs lists."""
+    """outs: RequestOutputs, or their prompt_logprobs lists (then no ranks to check)."""
     for out, prompt, lp in zip(outs, prompts, expected, strict=True):
         entries = getattr(out, "prompt_logprobs", out)
+        ranks = getattr(out, "prompt_token_ranks", None)
         assert entries[0] is None and len(entries) == len(prompt)
+        if ranks is not None:  # 1 + how many tokens transformers finds more likely
+            assert ranks[0] is None and len(ranks) == len(prompt)
+            for i in range(1, len(prompt)):
+                own = entries[i][prompt[i]]
+                assert ranks[i] in range(int((lp[i - 1] > own + TOL).sum()) + 1,
+                                         int((lp[i - 1] > own - TOL).sum()) + 2)
         for i in range(1, len(prompt)):
             top = set(lp[i - 1].topk(k).indices.tolist())
             assert set(entries[i]) == top | {prompt[i]}

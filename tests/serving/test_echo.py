@@ -118,3 +118,54 @@ def test_refused_by_name(server, client, path, body, field):
     assert r.json()["error"]["param"] == field
     with pytest.raises(openai.BadRequestError):  # the client sees the same refusal
         client.post(path.removeprefix("/v1"), body=body, cast_to=object)
+
+
+def test_vllms_prompt_logprobs_field(server, reference_llm):
+    """vLLM's extra body field: on each completion choice, per prompt token None (the first)
+    or {id: {logprob, rank, decoded_token}} for the token and the k most likely; on a chat
+    answer, the same list beside the choices."""
+    r = post(server, {"prompt": PROMPTS, "max_tokens": 2, "temperature": 0, "n": 2,
+                      "prompt_logprobs": 3})
+    assert r.status_code == 200, r.text
+    tok = reference_llm.tokenizer
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    assert len(choices) == 4 and choices[0]["logprobs"] is None  # logprobs not asked for
+    for i, choice in enumerate(choices):
+        prompt = PROMPTS[i // 2]
+        out = reference_llm.generate({"prompt_token_ids": prompt}, SamplingParams(
+            temperature=0, max_tokens=1, prompt_logprobs=3), use_tqdm=False)[0]
+        got = choice["prompt_logprobs"]
+        assert got[0] is None and len(got) == len(prompt)
+        for j in range(1, len(prompt)):
+            entry = got[j]
+            own = entry[str(prompt[j])]
+            assert own["logprob"] == pytest.approx(out.prompt_logprobs[j][prompt[j]], abs=1e-5)
+            assert own["rank"] == out.prompt_token_ranks[j]
+            assert own["decoded_token"] == tok.decode([prompt[j]])
+            top = sorted((v for k, v in entry.items() if k != str(prompt[j]) or v["rank"] <= 3),
+                         key=lambda v: v["rank"])
+            assert [v["rank"] for v in top] == [1, 2, 3]
+            assert [v["logprob"] for v in top] == sorted((v["logprob"] for v in top),
+                                                         reverse=True)
+            assert len(entry) == 3 + (own["rank"] > 3)
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+        "prompt_logprobs": 0}).json()
+    entries = chat["prompt_logprobs"]
+    assert entries[0] is None and all(len(e) == 1 for e in entries[1:])
+    assert len(entries) == chat["usage"]["prompt_tokens"]
+    whole = post(server, {"prompt": PROMPTS[1], "max_tokens": 1, "prompt_logprobs": -1})
+    assert all(len(e) == reference_llm.engine.vocab_size for e in
+               whole.json()["choices"][0]["prompt_logprobs"][1:])
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ({"prompt": "x", "prompt_logprobs": -2}, "prompt_logprobs"),
+    ({"prompt": "x", "prompt_logprobs": 10**6}, "prompt_logprobs"),
+    ({"prompt": "x", "prompt_logprobs": "2"}, "prompt_logprobs"),
+])
+def test_prompt_logprobs_refused_by_name(server, body, field):
+    r = post(server, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
