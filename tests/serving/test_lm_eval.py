@@ -13,12 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pagedllm.optimized import LLM
+from pagedllm.reference.model.registry import packaged_gguf, resolve_model
+from pagedllm.serving.api_server import ServerThread, build_app
 from pagedllm.serving.default_model import default_model_dir
 
 from .conftest import MODEL
 
 TASKS = Path(__file__).parent.parent / "data" / "lm_eval"
 LL_TOL = 1e-4  # float32 logits, summed in another order than transformers'
+SMOLLM2 = "smollm2-135m-instruct"
 
 
 def task_configs() -> list[dict]:
@@ -54,11 +58,12 @@ def offline():
     mp.undo()
 
 
-def test_lm_eval_through_the_server_scores_as_transformers(server, offline):
-    pytest.importorskip("lm_eval")
-    model_dir = str(default_model_dir())
+def check_equal_scores(server_url: str, model_name: str, model_dir: str) -> dict:
+    """lm-eval's local-completions through the server against its hf backend on model_dir:
+    the same scores, each choice's loglikelihood and is_greedy, the same generated texts.
+    Returns the served results (per task)."""
     served = evaluate("local-completions", {
-        "model": MODEL, "base_url": server.url + "/v1/completions",
+        "model": model_name, "base_url": server_url + "/v1/completions",
         "tokenizer_backend": "huggingface", "tokenizer": model_dir, "max_retries": 1,
         "max_length": 1024}, batch_size=4)  # a list of token-id lists per request
     hf = evaluate("hf", {"pretrained": model_dir, "dtype": "float32", "device": "cpu"},
@@ -78,3 +83,21 @@ def test_lm_eval_through_the_server_scores_as_transformers(server, offline):
     assert texts == {d: s["filtered_resps"]
                      for d, s in by_doc(hf["samples"]["pagedllm_tiny_gen"]).items()}
     assert any(t[0].strip() for t in texts.values())  # the model wrote something
+    return served["results"]
+
+
+def test_lm_eval_through_the_server_scores_as_transformers(server, offline):
+    pytest.importorskip("lm_eval")
+    check_equal_scores(server.url, MODEL, str(default_model_dir()))
+
+
+def test_lm_eval_on_smollm2_scores_as_transformers(offline):
+    """The real chat model (make real-model), float32, served by the optimized tier."""
+    pytest.importorskip("lm_eval")
+    if packaged_gguf(SMOLLM2, install=False) is None:
+        pytest.skip("SmolLM2-135M-Instruct is not installed (make real-model)")
+    folder = resolve_model(SMOLLM2)
+    with ServerThread(build_app(LLM(folder, seed=0), SMOLLM2)) as running:
+        results = check_equal_scores(running.url, SMOLLM2, str(folder))
+    print({task: {k: v for k, v in r.items() if "stderr" not in k}
+           for task, r in results.items()})
