@@ -68,6 +68,8 @@ class _Request(BaseModel):
     # vocabulary), as "prompt_logprobs" in the answer; not with stream
     prompt_logprobs: int | None = None
     user: str | None = None
+    bad_words: list[str] | None = None  # vLLM's; not implemented: refused unless empty
+    allowed_token_ids: list[int] | None = None  # vLLM's; not implemented: refused unless None
     # Structured outputs (at most one of them; structured_outputs_spec below): OpenAI's
     # {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}};
     # vLLM's extra body field {"json" | "regex" | "choice" | "grammar": ...}, and its older
@@ -120,6 +122,8 @@ class ChatCompletionRequest(_Request):
 
 UNSUPPORTED = {  # field: (the value that is accepted, what to say)
     "suffix": (None, "suffix is not supported by this engine"),
+    "allowed_token_ids": (None, "allowed_token_ids is not supported by this engine; "
+                                "structured_outputs.choice or .regex can limit the output"),
 }
 
 
@@ -140,6 +144,9 @@ def parse_request(cls: type[_Request], data: Any) -> _Request:
     for name, (default, message) in UNSUPPORTED.items():
         if name in cls.model_fields and getattr(request, name) != default:
             raise APIError(400, message, name)
+    if getattr(request, "bad_words", None):
+        raise APIError(400, "bad_words is not supported by this engine; logit_bias can ban "
+                            "single tokens", "bad_words")
     if getattr(request, "tools", None):
         raise APIError(400, "tools are not supported by this engine (no tool calling); leave "
                             "them out", "tools")

@@ -96,6 +96,8 @@ def test_a_lone_surrogate_names_its_field(server):
     # structured outputs are served (test_structured_outputs_server.py); not as YAML
     ("chat/completions", {"response_format": {"type": "yaml"}}, "response_format"),
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("completions", {"bad_words": ["the"]}, "bad_words"),  # vLLM's, not implemented here
+    ("chat/completions", {"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
 ])
 def test_unsupported_openai_fields_are_refused(server, path, extra, field):
     base = GOOD if path == "completions" else {
@@ -103,7 +105,8 @@ def test_unsupported_openai_fields_are_refused(server, path, extra, field):
     r = post(server, {**base, **extra}, path)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     # their defaults, as clients send them, are accepted
-    ok = {"logit_bias": {}, "response_format": {"type": "text"}, "tools": []}[field]
+    ok = {"logit_bias": {}, "response_format": {"type": "text"}, "tools": [], "bad_words": [],
+          "allowed_token_ids": None}[field]
     assert post(server, {**base, field: ok}, path).status_code == 200
 
 
