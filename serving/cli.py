@@ -110,7 +110,7 @@ def _prompts(args: argparse.Namespace) -> list:
 # The engine's checks name its arguments; at the command line the user typed the flag.
 FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "block_size", "dtype",
          "kv_layout", "preemption_mode", "quantization_group_size", "quantization_skip",
-         "quantization")
+         "quantization", "tensor_parallel_size")
 
 
 def _flagged(err: ValueError) -> ValueError:

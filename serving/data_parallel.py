@@ -28,16 +28,20 @@ on their way in), ties to the one with the most free KV blocks. The count, not t
 first: blocks are known only after a step, so a burst arriving between two steps would all see
 the same free blocks and land on one replica, while the count moves with every request.
 
-Faults: a replica whose process dies fails the requests it held (the next step's pipe read
-ends), ``/health`` answers 503 naming it, and the others go on serving. Shutdown stops every
-replica (each ends its own tensor-parallel ranks); a replica whose front end dies sees its pipe
-close and ends too.
+Faults: a replica that cannot load sends its error back, and the front end raises it (a
+ValueError stays a ValueError, so ``pagedllm serve`` prints the one line it prints without
+replicas); one that dies while loading is named with its exit code. A replica whose process
+dies later fails the requests it held (the next step's pipe read ends), its gauges fall to 0,
+``/health`` answers 503 naming it, and the others go on serving. A call the replica cannot
+unpickle fails alone. Shutdown stops every replica (each ends its own tensor-parallel ranks); a
+replica whose front end dies sees its pipe close and ends too.
 """
 
 import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import time
 import traceback
@@ -52,24 +56,71 @@ STOP_TIMEOUT = 30.0  # seconds for a replica to end after "stop" (it finishes it
 # Stats that are the same on every replica (the model's and the pool's settings), not summed.
 SHARED_STATS = ("kv_layout", "kv_cache_dtype", "kv_bytes_per_token", "quantization",
                 "weight_bytes", "tensor_parallel_size", "float_linears")
+# Stats that say what a replica holds now: 0 once its process is gone, so its gauges fall to 0
+# rather than freeze at their last values (counters keep their totals: they never go down).
+HELD_STATS = ("running", "waiting", "swapped", "blocks_used", "usage", "swapped_blocks",
+              "blocks_cached")
 
 
 class ReplicaDiedError(RuntimeError):
     """A replica's process ended: its requests end with this error."""
 
 
-def check_data_parallel_size(size, tensor_parallel_size: int, device: str) -> None:
+class RemoteTraceback(Exception):
+    """A replica's traceback, the cause of its error raised again in the front end (so a bug's
+    traceback shows where in the replica it happened)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def check_data_parallel_size(size) -> None:
     """Refuse a bad --data-parallel-size before any process starts."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"--data-parallel-size must be an integer >= 1, got {size!r}")
-    if device.startswith("cuda"):
-        import torch
 
-        have, need = torch.cuda.device_count(), size * tensor_parallel_size
-        if need > have:
-            raise ValueError(f"--data-parallel-size {size} x --tensor-parallel-size "
-                             f"{tensor_parallel_size} needs {need} GPUs (one per rank); this "
-                             f"machine has {have}")
+
+def replica_devices(device: str, gpus: list[str], size: int, tensor_parallel_size: int
+                    ) -> tuple[str, list[str | None]]:
+    """The device every replica runs on, and each replica's CUDA_VISIBLE_DEVICES.
+
+    ``gpus``: the GPU ids this process sees (``visible_gpus()``). "auto" is decided here, once,
+    as ``load_llm`` would decide it: cuda when there is a GPU, else cpu. On CUDA replica i gets
+    GPUs i*N .. i*N+N-1 (N: --tensor-parallel-size); off CUDA, None (no GPU to hand out). Too
+    few GPUs is refused: a replica given an empty slice would see no GPU, and run on the CPU
+    under "auto" without a word.
+    """
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) \
+            or tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be an integer >= 1, got "
+                         f"{tensor_parallel_size!r}")
+    if device == "auto":
+        device = "cuda" if gpus else "cpu"
+    if not device.startswith("cuda"):
+        return device, [None] * size
+    need = size * tensor_parallel_size
+    if need > len(gpus):
+        raise ValueError(f"--data-parallel-size {size} x --tensor-parallel-size "
+                         f"{tensor_parallel_size} needs {need} GPUs (one per rank); this "
+                         f"process sees {len(gpus)}: lower --data-parallel-size, or use "
+                         "--device cpu")
+    per = tensor_parallel_size
+    return device, [",".join(gpus[i * per:(i + 1) * per]) for i in range(size)]
+
+
+def visible_gpus() -> list[str]:
+    """The ids of the GPUs this process sees, as CUDA_VISIBLE_DEVICES names them (a replica's
+    own CUDA_VISIBLE_DEVICES must name the same GPUs, not renumber them from 0)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(k) for k in range(count)]
+    return ids[:count]  # CUDA stops at the first id it cannot use
 
 
 # -- the replica process ---------------------------------------------------------------------------
@@ -88,8 +139,10 @@ def _replica_main(args: argparse.Namespace, index: int, gpus: str | None, conn) 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.data_parallel_size))
     try:
         llm = load_llm(args)
-    except BaseException:  # noqa: BLE001 - the front end says why, then ends every replica
-        conn.send(("failed", traceback.format_exc()))
+    except BaseException as err:  # noqa: BLE001 - the front end raises it, ends every replica
+        # The error itself, not its text: the front end raises the same kind (a ValueError
+        # stays a ValueError), so the CLI tells a user's mistake in the same one line.
+        conn.send(("failed", _picklable(err), traceback.format_exc()))
         return
     engine = llm.engine
     try:
@@ -98,19 +151,31 @@ def _replica_main(args: argparse.Namespace, index: int, gpus: str | None, conn) 
                              "vocab_size": engine.vocab_size}, _state(engine)))
         while True:
             try:
-                op, *rest = conn.recv()
+                message = conn.recv_bytes()
             except EOFError:  # the front end is gone
                 return
-            if op == "stop":
-                return
             try:
-                result = _call(engine, op, rest)
-                reply = ("ok", result)
+                # Unpickled here, inside the try: a call whose arguments cannot be rebuilt in
+                # this process fails alone, answered with the error, and the replica goes on.
+                op, *rest = _unpickle_call(message, index)
+                if op == "stop":
+                    return
+                reply = ("ok", _call(engine, op, rest))
             except Exception as err:  # noqa: BLE001 - the caller gets it, as if called here
                 reply = ("error", _picklable(err))
             conn.send((*reply, _state(engine)))
     finally:
         llm.shutdown()
+
+
+def _unpickle_call(message: bytes, index: int) -> tuple:
+    try:
+        return pickle.loads(message)
+    except Exception as err:  # noqa: BLE001 - whatever rebuilding an argument raised
+        raise TypeError(f"data-parallel replica {index} could not unpickle a call "
+                        f"({type(err).__name__}: {err}); a call's arguments must be rebuilt in "
+                        "the replica's process: plain values, or objects of classes it can "
+                        "import") from None
 
 
 def _call(engine, op: str, rest: list):
@@ -136,14 +201,19 @@ def _state(engine) -> dict:
             "stats": engine.stats(), "health": health}
 
 
-def _picklable(err: Exception) -> Exception:
-    """The error itself if it crosses the pipe, else a RuntimeError with its text."""
-    import pickle
-
+def _picklable(err: BaseException) -> BaseException:
+    """The error itself if it crosses the pipe, else its nearest built-in kind with its text
+    (a ValueError subclass whose arguments do not pickle arrives as a ValueError)."""
     try:
         pickle.loads(pickle.dumps(err))
         return err
     except Exception:  # noqa: BLE001
+        pass
+    kind = next(k for k in type(err).__mro__ if k.__module__ == "builtins")
+    text = str(err) if kind is type(err) else f"{err} ({type(err).__name__})"
+    try:
+        return kind(text)
+    except Exception:  # noqa: BLE001 - a kind that takes other arguments (UnicodeDecodeError)
         return RuntimeError(f"{type(err).__name__}: {err}")
 
 
@@ -204,7 +274,10 @@ class ReplicaEngine:
         return self._unfinished
 
     def stats(self) -> dict:
-        return self._stats
+        if self.dead is None and self.process.is_alive():
+            return self._stats
+        # Gone: it holds nothing now (its last answer's numbers would freeze its gauges).
+        return {**self._stats, **{key: 0 for key in HELD_STATS if key in self._stats}}
 
     @property
     def is_up(self) -> bool:
@@ -245,21 +318,21 @@ class DataParallelLLM:
 
     def __init__(self, args: argparse.Namespace):
         size = args.data_parallel_size
-        check_data_parallel_size(size, args.tensor_parallel_size, args.device)
+        check_data_parallel_size(size)
+        device, gpus = replica_devices(args.device, visible_gpus(), size,
+                                       args.tensor_parallel_size)
+        args = argparse.Namespace(**{**vars(args), "device": device})  # "auto" decided
         ctx = mp.get_context("spawn")
         starting = []
         for index in range(size):
             parent, child = ctx.Pipe()
-            process = ctx.Process(target=_replica_main,
-                                  args=(args, index, _replica_gpus(args, index), child),
+            process = ctx.Process(target=_replica_main, args=(args, index, gpus[index], child),
                                   name=f"pagedllm-replica-{index}", daemon=False)
             process.start()
             child.close()
             starting.append((index, process, parent))
-        self.replicas: list[ReplicaEngine] = []
         try:
-            for index, process, conn in starting:
-                self.replicas.append(_wait_ready(index, process, conn))
+            self.replicas: list[ReplicaEngine] = wait_ready(starting)
         except BaseException:
             for _, process, conn in starting:
                 process.kill()
@@ -284,34 +357,39 @@ class DataParallelLLM:
         self.shutdown()
 
 
-def _wait_ready(index: int, process, conn) -> ReplicaEngine:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not conn.poll(0.5):
-        if not process.is_alive():
-            raise RuntimeError(f"data-parallel replica {index} ended while loading (exit code "
-                               f"{process.exitcode})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"data-parallel replica {index} did not load in "
-                               f"{START_TIMEOUT:g} s")
-    message = conn.recv()
-    if message[0] == "failed":
-        raise RuntimeError(f"data-parallel replica {index} could not load:\n{message[1]}")
-    _, info, state = message
-    return ReplicaEngine(index, process, conn, info, state)
+def wait_ready(starting: list, timeout: float = START_TIMEOUT) -> list[ReplicaEngine]:
+    """Each replica's engine once it has loaded; ``starting``: (index, process, pipe) of each.
 
+    All are watched at once, so the first to fail ends the wait whichever it is. A replica that
+    could not load sent its error: it is raised here, the replica's traceback as its cause. One
+    that died without a word (killed, out of memory, a crash in C code) closed its pipe: that
+    is a RuntimeError naming it and its exit code, not the pipe's bare EOFError.
+    """
+    from multiprocessing.connection import wait
 
-def _replica_gpus(args: argparse.Namespace, index: int) -> str | None:
-    """CUDA_VISIBLE_DEVICES for replica ``index``: GPUs index*N .. index*N+N-1 of those this
-    process sees (N: --tensor-parallel-size); None on the CPU."""
-    import torch
-
-    if not (args.device.startswith("cuda")
-            or (args.device == "auto" and torch.cuda.is_available())):
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = visible.split(",") if visible else [str(k) for k in range(torch.cuda.device_count())]
-    per = args.tensor_parallel_size
-    return ",".join(ids[index * per:(index + 1) * per])
+    deadline = time.monotonic() + timeout
+    pending = {conn: (index, process) for index, process, conn in starting}
+    ready = {}
+    while pending:
+        readable = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+        if not readable:
+            names = ", ".join(str(index) for index in sorted(i for i, _ in pending.values()))
+            raise RuntimeError(f"data-parallel replica(s) {names} did not load in "
+                               f"{timeout:g} s")
+        for conn in readable:
+            index, process = pending.pop(conn)
+            try:
+                message = conn.recv()
+            except EOFError:
+                process.join(5.0)  # its pipe closed as it ended: the exit code comes a moment later
+                raise RuntimeError(f"data-parallel replica {index} died while loading the model "
+                                   f"(exit code {process.exitcode})") from None
+            if message[0] == "failed":
+                _, error, trace = message
+                raise error from RemoteTraceback(trace)
+            _, info, state = message
+            ready[index] = ReplicaEngine(index, process, conn, info, state)
+    return [ready[index] for index in sorted(ready)]
 
 
 def total_stats(per_replica: list[dict]) -> dict:

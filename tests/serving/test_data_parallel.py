@@ -1,24 +1,34 @@
 """Two data-parallel replicas behind one server (``--data-parallel-size 2``): a burst is served
 with nothing lost and each answer equal to the request run alone, the requests spread over both
 replicas, a client that hangs up frees the blocks of the replica that held it, the metrics add
-up per replica and in total, and a replica that dies fails only its own requests."""
+up per replica and in total, and a replica that dies fails only its own requests (its gauges
+fall to 0). Before that: a replica that cannot load gives `pagedllm serve` the one-line error
+it gives without replicas, one killed while loading is named with its exit code, each replica
+gets GPUs of its own or none is started, and a call a replica cannot unpickle fails alone."""
 
 import argparse
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.serving.api_server import ServerThread, build_app
 from pagedllm.serving.args import add_serve_arguments
-from pagedllm.serving.data_parallel import DataParallelLLM
+from pagedllm.serving.data_parallel import DataParallelLLM, replica_devices
 
-from .conftest import MODEL, wait_for
+from .conftest import HANG_GUARD_S, MODEL, wait_for
 from .test_concurrency import request
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def serve_args(*flags: str) -> argparse.Namespace:
@@ -156,6 +166,131 @@ def test_bad_sizes_are_refused_before_any_process_starts(size, match):
         DataParallelLLM(serve_args("--data-parallel-size", str(size)))
 
 
+def serve_cli(*flags: str) -> subprocess.Popen:
+    """`pagedllm serve --port 0 FLAGS` (the tiny model), its stderr piped."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "pagedllm", "serve", "--port", "0",
+                             "--uvicorn-log-level", "warning", *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+
+
+def ended(server: subprocess.Popen) -> tuple[int, str]:
+    """(exit code, stderr) of a serve that must end by itself."""
+    try:
+        _, stderr = server.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if server.poll() is None:  # only a hang gets here
+            server.kill()
+            server.wait()
+    return server.returncode, stderr
+
+
+@pytest.mark.parametrize("flags", [("--model", "{tmp}/no-such-model"), ("--block-size", "0")],
+                         ids=["missing-model", "bad-option"])
+def test_a_replica_that_cannot_load_gives_the_one_line_error_of_serve_alone(flags, tmp_path):
+    """The replica's ValueError crosses the pipe as a ValueError: exit code 2 and the same
+    single line (the engine's argument name turned into the flag) as without replicas."""
+    flags = [flag.format(tmp=tmp_path) for flag in flags]
+    alone = ended(serve_cli(*flags))
+    assert alone[0] == 2 and alone[1].startswith("error: ") and alone[1].count("\n") == 1, alone
+    assert ended(serve_cli("--data-parallel-size", "2", *flags)) == alone
+
+
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # ended meanwhile
+        return ""
+
+
+def test_a_replica_killed_while_loading_is_named_with_its_exit_code():
+    """A replica that dies without a word (SIGKILL here, as the OOM killer sends it) closes its
+    pipe: the front end names it and its exit code, ends the other replica and exits. The kill
+    comes as soon as both replica processes exist, seconds before either can have loaded the
+    model (no ready message is possible before that: the banner would come instead)."""
+    server = serve_cli("--data-parallel-size", "2")
+    front = psutil.Process(server.pid)
+
+    def replicas() -> list[psutil.Process]:
+        if server.poll() is not None:
+            return []
+        return [p for p in front.children() if "spawn_main" in _cmdline(p)]
+
+    started: list[psutil.Process] = []
+    try:
+        wait_for(lambda: server.poll() is not None or len(replicas()) == 2,
+                 "the two replica processes")
+        started = replicas()
+        assert len(started) == 2, "serve ended before starting its replicas"
+        started[1].kill()
+        try:
+            code, stderr = ended(server)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("serve went on: had the replica loaded before the kill?") \
+                from None
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        for process in started:
+            if process.is_running():
+                process.kill()
+    assert code == 1 and "EOFError" not in stderr, stderr  # a RuntimeError, with its traceback
+    assert re.search(r"^RuntimeError: data-parallel replica [01] died while loading the model "
+                     r"\(exit code -9\)$", stderr, re.M), stderr
+    _, alive = psutil.wait_procs(started, timeout=HANG_GUARD_S)
+    assert not alive  # the other replica was ended by the front end
+
+
+@pytest.mark.parametrize("device, gpus, size, tp, expected", [
+    ("auto", [], 2, 1, ("cpu", [None, None])),  # no GPU (this machine): auto is the CPU
+    ("cpu", ["0", "1"], 2, 1, ("cpu", [None, None])),
+    ("auto", ["0", "1", "2", "3"], 2, 2, ("cuda", ["0,1", "2,3"])),
+    ("cuda", ["5", "7"], 2, 1, ("cuda", ["5", "7"])),  # the ids this process sees, not 0, 1
+    ("cuda", ["0", "1", "2"], 1, 2, ("cuda", ["0,1"])),
+])
+def test_each_replica_gets_gpus_of_its_own(device, gpus, size, tp, expected):
+    assert replica_devices(device, gpus, size, tp) == expected
+
+
+@pytest.mark.parametrize("device, gpus, size, tp", [
+    ("auto", ["0"], 2, 1),  # auto must not send the second replica to the CPU
+    ("auto", ["0", "1", "2"], 2, 2),  # nor give the second replica one GPU of its two ranks
+    ("cuda", [], 2, 1),
+])
+def test_too_few_gpus_are_refused_before_any_process_starts(device, gpus, size, tp):
+    with pytest.raises(ValueError, match=rf"--data-parallel-size {size} x --tensor-parallel-size "
+                                         rf"{tp} needs {size * tp} GPUs .* sees {len(gpus)}"):
+        replica_devices(device, gpus, size, tp)
+    with pytest.raises(ValueError, match="--tensor-parallel-size must be an integer >= 1"):
+        replica_devices(device, gpus, size, 0)  # an empty slice for every replica
+
+
+class Unrebuildable:
+    """Pickles, but cannot be unpickled: rebuilding it calls int("not a number")."""
+
+    def __reduce__(self):
+        return int, ("not a number",)
+
+
+def test_a_call_the_replica_cannot_unpickle_fails_alone():
+    """The replica answers that call with the error and goes on serving the next."""
+    with DataParallelLLM(serve_args("--data-parallel-size", "1")) as llm:
+        (replica,) = llm.replicas
+        with pytest.raises(TypeError, match="replica 0 could not unpickle a call .*ValueError"):
+            replica.add_request("bad", Unrebuildable(), SamplingParams(max_tokens=4))
+        assert replica.is_up
+        replica.add_request("good", "The for statement",
+                            SamplingParams(max_tokens=4, ignore_eos=True))
+        outputs = []
+        while replica.has_unfinished_requests():  # bounded: 4 tokens
+            outputs += replica.step()
+        assert outputs[-1].request_id == "good" and outputs[-1].finished
+        assert len(outputs[-1].outputs[0].token_ids) == 4
+    assert not replica.process.is_alive()
+
+
 def test_a_dead_replica_fails_only_its_own_requests(replicas, server):
     """Last in the module: it kills replica 1 of the module's server."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
@@ -177,6 +312,10 @@ def test_a_dead_replica_fails_only_its_own_requests(replicas, server):
                       if line.startswith("data: {")]
         errors = [e for e in events if "error" in e]
         assert len(errors) == 1 and "replica 1 is down" in errors[0]["error"]["message"]
+    # Its gauges fall to 0 (the step that found it dead updates them), not frozen at 1 running.
+    wait_for(lambda: metric(server, "num_requests_running")["1"] == 0,
+             "replica 1's running gauge at 0")
+    assert metric(server, "kv_cache_usage_perc")["1"] == 0
     health = httpx.get(server.url + "/health")
     assert health.status_code == 503 and "replica 1" in health.json()["error"]["message"]
     # The live replica takes every request from now on.
