@@ -53,7 +53,7 @@ from ..kv import CacheEngine
 from ..model import load_model
 from ..model.gguf import converted_from
 from ..model.quantization import quantize_model
-from ..model.tensor_parallel import attention_heads, load_model_shard
+from ..model.tensor_parallel import attention_heads, load_model_shard, row_parallel_absmax
 from .step_inputs import StepInputs
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=30)  # a hung rank fails the step after this
@@ -75,8 +75,12 @@ def load_rank_model(config, rank: int = 0) -> torch.nn.Module:
         model = load_model_shard(config.model_dir, rank, tp, config.dtype, rank_device(config,
                                                                                           rank))
     if config.quantization is not None:  # the float weights are dropped layer by layer
+        # int8 scales whole rows, which a row-parallel shard holds a slice of
+        row_absmax = row_parallel_absmax(model, config.model_dir, config.dtype) \
+            if tp > 1 and config.quantization == "int8" else None
         model = quantize_model(model, config.quantization, config.quantization_group_size,
-                               config.quantization_skip, converted_from(config.model_dir))
+                               config.quantization_skip, converted_from(config.model_dir),
+                               row_absmax)
     return model
 
 

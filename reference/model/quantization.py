@@ -4,7 +4,7 @@
 Every ``nn.Linear`` becomes a ``QuantizedLinear`` holding its codes and scales
 (``ops/weight_quant.py``) instead of the float weight: the float copy is dropped, so the weight
 bytes shrink by the scheme's ratio. Embeddings and norms stay in the model's dtype. A layer
-named in ``skip`` (its name or the last part of it, e.g. ``lm_head``) keeps its float weight.
+named in ``skip`` (its name or a part of it, e.g. ``lm_head``) keeps its float weight.
 A tied LM head stays the embedding's float table (quantizing it would make a second copy).
 """
 
@@ -64,19 +64,22 @@ def check_quantization(scheme, group_size) -> None:
 
 
 def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
-                   skip: tuple[str, ...] = (), gguf_file: Path | None = None) -> nn.Module:
+                   skip: tuple[str, ...] = (), gguf_file: Path | None = None,
+                   row_absmax: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Replace the model's linear layers by quantized ones, in place. Every layer is checked
     before any is replaced: a group size that does not divide one layer's input size names that
     layer, and the model is left as it was. "gguf" takes the layers the file stores in 4-bit
     blocks from the file itself; the others keep their (dequantized) float weights, and
     ``float_linears`` names them. A tied LM head is left as it is: it is the embedding's
-    table, which stays float, and a quantized copy would add its bytes and its error."""
+    table, which stays float, and a quantized copy would add its bytes and its error.
+    row_absmax: {layer name: [out]} the whole rows' max |w| for layers that hold a slice of
+    their inputs (tensor parallelism's row-parallel shards): int8 scales them by it."""
     # --8<-- [start:select_layers]
     check_quantization(scheme, group_size)
     embedding = decoder_stack(model).embed_tokens.weight
     names = {name: module for name, module in model.named_modules()
              if isinstance(module, nn.Linear)
-             and not (name in skip or name.rsplit(".", 1)[-1] in skip)
+             and not (name in skip or set(name.split(".")) & set(skip))
              and module.weight.data_ptr() != embedding.data_ptr()}  # not a tied head
     if scheme == "gguf":
         dtype = next(model.parameters()).dtype
@@ -94,8 +97,8 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
                              f"it, or leave the layer out with quantization_skip")
     # --8<-- [start:replace_layers]
     for name, linear in names.items():
-        q = quantize_int8(linear.weight) if scheme == "int8" else \
-            quantize_int4(linear.weight, group_size)
+        q = quantize_int8(linear.weight, (row_absmax or {}).get(name)) \
+            if scheme == "int8" else quantize_int4(linear.weight, group_size)
         _replace(model, name, QuantizedLinear(q, linear.bias))
     return model
     # --8<-- [end:replace_layers]

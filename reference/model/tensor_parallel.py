@@ -228,6 +228,22 @@ def parallelize(model: nn.Module, rank: int, world_size: int) -> nn.Module:
     return model
 
 
+def row_parallel_absmax(model: nn.Module, model_dir, dtype: torch.dtype) -> dict:
+    """{inner layer name: [out]} each row-parallel layer's whole rows' max |w|, read from
+    the checkpoint: a shard holds only its slice of every row, and int8's one scale per row
+    must be the whole row's, as on one rank, for the shards' codes to be slices of one
+    quantization (then N ranks run N = 1's quantized weights, split)."""
+    wanted = {name + ".weight": name + ".linear" for name, m in model.named_modules()
+              if isinstance(m, RowParallelLinear)}
+    absmax = {}
+    for file in weight_files(model_dir):
+        with safe_open(file, framework="pt") as f:
+            for key in wanted.keys() & set(f.keys()):
+                # the model's dtype first: the values one rank would quantize
+                absmax[wanted[key]] = f.get_tensor(key).to(dtype).float().abs().amax(dim=1)
+    return absmax
+
+
 # --8<-- [start:load_shard]
 def load_model_shard(model_dir, rank: int, world_size: int,
                      dtype: torch.dtype | None = None,

@@ -50,11 +50,16 @@ class QuantizedWeight:
 
 
 # --8<-- [start:quantize_weight]
-def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
-    """W [out, in] -> int8 rows with one symmetric scale per output channel."""
+def quantize_int8(weight: torch.Tensor,
+                  absmax: torch.Tensor | None = None) -> QuantizedWeight:
+    """W [out, in] -> int8 rows with one symmetric scale per output channel.
+    absmax [out]: each row's max |w| when W is a slice of the rows' inputs (a
+    tensor-parallel shard), so that the slice gets the whole row's scale."""
     w = weight.detach().float()
+    if absmax is None:
+        absmax = w.abs().amax(dim=1)  # [out]
     # [out]; the clamp keeps an all-zero row at 0 instead of 0 / 0
-    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    scales = (absmax.float() / 127).clamp(min=1e-12)
     scales = scales.to(weight.dtype).float()  # codes are made for the stored scale
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
     return QuantizedWeight("int8", q, scales.to(weight.dtype), None, tuple(w.shape))

@@ -166,18 +166,25 @@ def test_gguf_blocks_do_not_split(checkpoints):
         reference.LLM(checkpoints["llama"], tensor_parallel_size=2, quantization="gguf")
 
 
-def test_int4_weights_compose_with_the_split(checkpoints):
-    """Each rank quantizes its own shard. int4's groups run along a layer's inputs, and the
-    split keeps them whole (64 inputs per rank, groups of 32), so every group, its scale and its
-    zero point are the single rank's: the same tokens. (int8 scales a whole row, which a
-    row-parallel split cuts: each rank's scale covers its part only, a finer quantization than
-    one rank's, so int8 agrees to quantization error, not token for token.)"""
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_weights_compose_with_the_split(checkpoints, scheme):
+    """Each rank quantizes its own shard into a slice of what one rank would hold. int4's
+    groups run along a layer's inputs, and the split keeps them whole (64 inputs per rank,
+    groups of 32), so every group, its scale and its zero point are the single rank's. int8
+    scales a whole row, which a row-parallel split cuts: each rank reads its rows' max |w|
+    from the checkpoint, so its codes and scales are one rank's too. Either way: the same
+    tokens. A skipped layer stays float under the split's wrappers too."""
     params = reference.SamplingParams(max_tokens=8, temperature=0.0)
-    options = dict(quantization="int4", quantization_group_size=32, dtype="float32")
+    options = dict(quantization=scheme, quantization_group_size=32, dtype="float32")
     one, _ = _run(reference, checkpoints["llama"], PROMPTS, params, **options)
     two, _ = _run(reference, checkpoints["llama"], PROMPTS, params, tensor_parallel_size=2,
                   **options)
     assert _tokens(one) == _tokens(two)
+    if scheme == "int8":
+        with reference.LLM(checkpoints["llama"], tensor_parallel_size=2,
+                           quantization_skip=("o_proj",), **options) as llm:
+            kept = llm.stats()["float_linears"]
+        assert kept and all("o_proj" in name for name in kept), kept
 
 
 TORCHRUN_SCRIPT = """
