@@ -102,6 +102,10 @@ def replica_devices(device: str, gpus: list[str], size: int, tensor_parallel_siz
         device = "cuda" if gpus else "cpu"
     if not device.startswith("cuda"):
         return device, [None] * size
+    if device != "cuda":  # cuda:K: inside its own GPUs' view a replica's GPU K may not exist
+        raise ValueError(f"--device {device} names one GPU; with --data-parallel-size each "
+                         "replica takes GPUs of its own: give --device cuda (or auto), and "
+                         "CUDA_VISIBLE_DEVICES to choose which GPUs the server may use")
     need = size * tensor_parallel_size
     if need > len(gpus):
         raise ValueError(f"--data-parallel-size {size} x --tensor-parallel-size "

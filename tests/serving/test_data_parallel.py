@@ -267,6 +267,12 @@ def test_too_few_gpus_are_refused_before_any_process_starts(device, gpus, size, 
         replica_devices(device, gpus, size, 0)  # an empty slice for every replica
 
 
+def test_one_named_gpu_is_refused_for_replicas():
+    """cuda:1 means GPU 1 of the GPUs a process sees; a replica sees only its own slice."""
+    with pytest.raises(ValueError, match="--device cuda:1 names one GPU.*--device cuda"):
+        replica_devices("cuda:1", ["0", "1"], 2, 1)
+
+
 class Unrebuildable:
     """Pickles, but cannot be unpickled: rebuilding it calls int("not a number")."""
 
