@@ -27,11 +27,12 @@ of single slots: on a CPU, copying a few large contiguous chunks is several time
 an indexed copy of one short row per key.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
+from pagedllm.kernels.rotary import rotary as triton_rotary
 from pagedllm.reference.model import PagedAttention
 from pagedllm.reference.ops import dequantize_kv, kv_cache_format
 
@@ -57,11 +58,15 @@ class PaddedBatch:
     blocks: torch.Tensor  # [P * width] int64, each sequence's blocks (padding: its first)
     unfilled: torch.Tensor  # [U] int64, gathered key positions (p * L + l) past the seq's length
     visible: torch.Tensor  # [P, 1, Q, L] bool: which keys each query may read (any head)
+    hidden: torch.Tensor  # ~visible, the mask a decode's scores take: once per step
 
 
 @dataclass
 class AttentionPlan:
     batches: list[PaddedBatch]  # a step's query rows, each in exactly one batch
+    # one batch holding rows 0..T-1 in order, unpadded (one sequence, or decodes of one
+    # length bucket in order): its result is the output as it is
+    in_order: bool = False
 
 
 def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -84,7 +89,10 @@ def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
         seqs = longer[bucket]
         batches.append(_padded_batch(block_tables[seqs], seq_lens[seqs], starts[seqs],
                                      q_lens[seqs], block_size, sliding_window))
-    return AttentionPlan(batches)
+    only = batches[0] if len(batches) == 1 else None
+    in_order = only is not None and only.real is None and bool(
+        torch.equal(only.rows.reshape(-1), torch.arange(only.rows.numel())))
+    return AttentionPlan(batches, in_order)
 
 
 def _padded_batch(block_tables, seq_lens, starts, q_lens, block_size, sliding_window):
@@ -104,7 +112,8 @@ def _padded_batch(block_tables, seq_lens, starts, q_lens, block_size, sliding_wi
         visible &= positions[None, None, :] > q_pos[:, :, None] - sliding_window
     return PaddedBatch(rows=rows, real=None if bool(real.all()) else real,
                        blocks=tables.reshape(-1), unfilled=(~filled).reshape(-1).nonzero()[:, 0],
-                       visible=visible[:, None])  # [P, 1, Q, L]: broadcast over the K/V heads
+                       visible=visible[:, None],  # [P, 1, Q, L]: broadcast over the K/V heads
+                       hidden=~visible[:, None])
 
 
 def length_buckets(lens: list[int], slack: float = 2.0) -> list[list[int]]:
@@ -132,8 +141,11 @@ def attend(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
 
     A quantized cache is dequantized as its blocks are gathered (only the blocks a batch
     reads)."""
-    out = q.new_zeros(q.shape)  # rows past the plan's last sequence stay 0
     quant = (kv_cache_dtype, k_scale, v_scale)
+    if plan.in_order and plan.batches[0].rows.numel() == q.shape[0]:
+        result = _attend_batch(plan.batches[0], q, k_cache, v_cache, scale, *quant)
+        return result.flatten(0, 1)  # [P * Q = T, heads, hd]: already the rows' order
+    out = q.new_zeros(q.shape)  # rows past the plan's last sequence stay 0
     for batch in plan.batches:
         # [P, Q, heads, hd]
         result = _attend_batch(batch, q, k_cache, v_cache, scale, *quant)
@@ -171,7 +183,7 @@ def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale, kv_cache_dtype
     keys, values = gather(k_cache, k_scale), gather(v_cache, v_scale)
     queries = q[batch.rows].transpose(1, 2)  # [P, heads, Q, head_dim]
     if decode:
-        return _decode_attention(queries, keys, values, batch.visible, scale)
+        return _decode_attention(queries, keys, values, batch.hidden, scale)
     # One fused op for scores, mask, softmax and the weighted sum (torch's CPU flash
     # kernel, float32 softmax); query head h reads K/V head h // group (enable_gqa), as
     # in the reference. A padding row repeats a real one, so no row is masked out
@@ -181,7 +193,7 @@ def _attend_batch(batch: PaddedBatch, q, k_cache, v_cache, scale, kv_cache_dtype
     return out.transpose(1, 2)  # [P, Q, heads, hd]
 
 
-def _decode_attention(queries, keys, values, visible, scale) -> torch.Tensor:
+def _decode_attention(queries, keys, values, hidden, scale) -> torch.Tensor:
     """One query per sequence in bf16/fp16: two batched products, a float32 softmax.
 
     torch's CPU flash kernel handles a one-row query in these dtypes several times
@@ -197,7 +209,8 @@ def _decode_attention(queries, keys, values, visible, scale) -> torch.Tensor:
     grouped = queries.reshape(P, kv_heads, heads // kv_heads, head_dim)
     # [P, kvh, group, L]
     scores = (grouped @ keys.transpose(-1, -2)).float() * scale
-    scores.masked_fill_(~visible.view(P, 1, 1, -1), float("-inf"))
+    # the keys each query may not read
+    scores.masked_fill_(hidden.view(P, 1, 1, -1), float("-inf"))
     out = scores.softmax(-1).to(values.dtype) @ values  # [P, kvh, group, hd]
     return out.view(P, 1, heads, head_dim)  # [P, Q=1, heads, hd]
 # --8<-- [end:attend]
@@ -210,11 +223,25 @@ class PlannedAttention(PagedAttention):
     It plans the step's padded batches (one plan per sliding window: a model may mix
     windowed and full layers) the first time a layer asks, and every later layer reuses
     the plan. Its K/V writes (and int4's rotation) are PagedAttention's; it reads by
-    ``attend`` on the plan."""
+    ``attend`` on the plan. The same holds for rotary: every layer of a step rotates by
+    the same positions, so the step's backend rotates with cos/sin computed once
+    (``rotary_tables``) where the op recomputes them in each layer."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.plans: dict[int | None, AttentionPlan] = {}
+        self.rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.backend.rotary is triton_rotary:  # the tier's op, not one swapped in
+            self.backend = replace(self.backend, rotary=self.rotary)
+
+    def rotary(self, q, k, positions, inv_freq):
+        """The op's rotation, bit for bit, with the step's tables (one per frequency
+        tensor: the runner gives the layers one when their frequencies are equal)."""
+        key = (inv_freq.data_ptr(), q.dtype)
+        if key not in self.rope:
+            self.rope[key] = rotary_tables(positions, inv_freq, q.dtype)
+        cos, sin = self.rope[key]
+        return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
 
     def read(self, layer, q, scale, sliding_window=None):
         md = self.metadata
@@ -226,3 +253,25 @@ class PlannedAttention(PagedAttention):
         return attend(self.plans[sliding_window], q, k_cache, v_cache, scale,
                       *self.quant.args(layer))
 # --8<-- [end:planned_context]
+
+
+# --8<-- [start:rotary_tables]
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and a signed sin [T, 1, head_dim] in dtype, computed as the op
+    (reference/ops/rotary.py) computes them. The op rotates x into x * cos +
+    cat(-x2, x1) * sin; cat(-x2, x1) * sin is roll(x) * cat(-sin1, sin2), the same
+    products with the sign moved (exact in floating point), in two ops fewer."""
+    # [T, head_dim / 2]
+    angles = positions[:, None].float() * inv_freq.to(positions.device)[None, :]
+    angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]
+    half = angles.shape[-1] // 2
+    sin = angles.sin()
+    sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+    return angles.cos()[:, None, :].to(dtype), sin[:, None, :].to(dtype)
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] rotated by the tables: the op's result, bit for bit."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+# --8<-- [end:rotary_tables]

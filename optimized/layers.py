@@ -179,9 +179,13 @@ def merge_projections(model: nn.Module) -> nn.Module:
     """The reference model, its attention (and Llama MLP) projections merged in place."""
     device = next(model.parameters()).device  # the embedding's: never quantized
     if isinstance(model, LlamaForCausalLM):
+        frequencies = {}  # equal rotary frequencies, one tensor: a step's tables are shared
         for layer in model.model.layers:
             layer.self_attn = MergedLlamaAttention(layer.self_attn, device)
             layer.mlp = MergedLlamaMLP(layer.mlp)
+            inv_freq = layer.self_attn.inv_freq
+            layer.self_attn.inv_freq = frequencies.setdefault(tuple(inv_freq.tolist()),
+                                                              inv_freq)
     elif isinstance(model, OPTForCausalLM):
         for layer in model.model.decoder.layers:
             layer.self_attn = MergedOPTAttention(layer.self_attn)

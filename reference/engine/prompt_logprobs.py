@@ -76,8 +76,8 @@ def prompt_rows(group: SequenceGroup, start: int, end: int,
 def collect_prompt_logprobs(rows: list[PromptLogprobRows],
                             logits: torch.Tensor) -> None:
     """logits [P, vocab]: the step's prompt rows, in the order of rows. Appends each
-    prompt token's entry {token: logprob, **top k} to its group's prompt_logprobs, and its
-    rank (1 + how many tokens are more likely) to prompt_token_ranks."""
+    prompt token's entry {token: logprob, **top k} to its group's prompt_logprobs, and
+    its rank (1 + how many tokens are more likely) to prompt_token_ranks."""
     if not rows:
         return
     targets = []  # the prompt token each row predicts
