@@ -31,7 +31,7 @@ from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from .attention import PlannedAttention
 from .kv_sizing import profile_num_blocks
 from .layers import merge_projections, transpose_linears
-from .quant_layers import pack_quantized_linears, triton_quantized_linears
+from .quant_layers import pack_linears_for_cpu, triton_quantized_linears
 
 # Decode batch sizes captured as CUDA graphs (vLLM captures 1, 2, 4 and multiples of 8).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -66,7 +66,7 @@ class ModelRunner(ReferenceModelRunner):
             # in nn.Linear's own [out, in] layout (oneDNN's kernels; linear_layout.py).
             model = transpose_linears(model)
         if on_cpu and not interpreting():
-            model = pack_quantized_linears(model, config.dtype)  # torch's weight-only kernels
+            model = pack_linears_for_cpu(model, config.dtype)  # our kernel or torch's
         else:  # CUDA, or the kernels under the interpreter
             model = triton_quantized_linears(model)
         super().__init__(model, config)

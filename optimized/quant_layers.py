@@ -1,4 +1,4 @@
-"""Quantized linear layers that multiply without expanding the weight: torch's CPU kernels.
+"""Linear layers that multiply without expanding the weight: our CPU kernel, or torch's.
 
 The reference's ``QuantizedLinear`` dequantizes its whole weight for every product (the twin's
 definition: readable, and as slow as the float model or slower). On a CPU, torch ships
@@ -8,6 +8,11 @@ weight-only kernels that read the codes and scale them inside the product:
 float32 activations they fall back to a path several times slower than a float32 product, so
 the runner swaps them in only for a bf16/fp16 model (quantization's default dtype) and leaves
 the twin otherwise.
+
+Where the CPU has AVX-512 BF16, a bf16 model's products run on the project's own kernel
+instead (``cpu_matmul.py``): int4 groups 2x torch's int4 kernel at one row and at 16, and
+float bf16 weights (the LM head above all) 2-3x oneDNN's at one row. int8 keeps torch's
+kernel. A tied LM head's packed table also serves the input embedding: one copy, as before.
 
 The twin's layout (``reference/ops/weight_quant.py``) is the kernels': int8 codes with a scale
 per row, int4 codes with ``(q - 8) * scale + zero`` per group, scales and zeros in the model's
@@ -19,7 +24,9 @@ import torch
 from torch import nn
 
 from pagedllm.kernels.quant_linear import quant_linear
-from pagedllm.reference.model.quantization import QuantizedLinear
+from pagedllm.reference.model.quantization import QuantizedLinear, decoder_stack
+
+from .cpu_matmul import cpu_kernels, pack_bf16, pack_int4, packable, unpack_bf16_rows
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -55,6 +62,47 @@ class Int4PackedLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+class PackedInt4Linear(nn.Module):
+    """int4 groups on our kernel: the codes become bf16 in the registers (csrc/cpu_matmul.cpp)."""
+
+    def __init__(self, layer: QuantizedLinear, kernels):
+        super().__init__()
+        packed, scales, zeros = pack_int4(layer.quantized)
+        self.register_buffer("packed", packed)  # [out / 16, in / 4, 32] uint8
+        self.register_buffer("scales", scales)  # [out / 16, G, 16] float32
+        self.register_buffer("zeros", zeros)  # [out / 16, G, 16]: zero - 136 scale
+        self.group_size, self.bias, self.kernels = layer.quantized.group_size, layer.bias, kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.kernels.int4_matmul(x.contiguous(), self.packed, self.scales, self.zeros,
+                                       self.group_size)  # [T, out]
+        return out if self.bias is None else out + self.bias
+
+
+class PackedBF16Linear(nn.Module):
+    """A bf16 nn.Linear on our kernel, its weight reshuffled into the kernel's pairs."""
+
+    def __init__(self, layer: nn.Linear, kernels):
+        super().__init__()
+        self.register_buffer("packed", pack_bf16(layer.weight.detach()))  # [out/16, in/2, 16, 2]
+        self.bias, self.kernels = layer.bias, kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.kernels.bf16_matmul(x.contiguous(), self.packed)  # [T, out]
+        return out if self.bias is None else out + self.bias
+
+
+class PackedEmbedding(nn.Module):
+    """An input embedding reading its rows from the tied LM head's packed table."""
+
+    def __init__(self, head: PackedBF16Linear):
+        super().__init__()
+        self.packed = head.packed  # the head's buffer: one table for both
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return unpack_bf16_rows(self.packed, token_ids)  # [T, hidden]
+
+
 class TritonQuantizedLinear(QuantizedLinear):
     """On CUDA (and under the interpreter): the same codes and scales, multiplied by the Triton
     kernel that dequantizes in registers (``kernels/quant_linear.py``)."""
@@ -75,14 +123,26 @@ def triton_quantized_linears(model: nn.Module) -> nn.Module:
     return model
 
 
-def pack_quantized_linears(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Every QuantizedLinear as torch's packed kernel for its scheme, where they run fast."""
+def pack_linears_for_cpu(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Every product as the fastest CPU kernel for its weight, where one is faster than the
+    twin: ours for bf16 and int4 weights (AVX-512 BF16), torch's otherwise."""
     if dtype not in FAST_DTYPES:
         return model
+    kernels = cpu_kernels() if dtype == torch.bfloat16 else None
+    stack, head = decoder_stack(model), model.lm_head
+    tied = isinstance(head, nn.Linear) and \
+        head.weight.data_ptr() == stack.embed_tokens.weight.data_ptr()
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, QuantizedLinear):
-                packed = Int8PackedLinear if child.quantized.scheme == "int8" else \
-                    Int4PackedLinear
-                setattr(parent, name, packed(child, dtype))
+                q = child.quantized
+                if kernels and q.scheme == "int4" and packable(*q.shape):
+                    setattr(parent, name, PackedInt4Linear(child, kernels))
+                else:
+                    packed = Int8PackedLinear if q.scheme == "int8" else Int4PackedLinear
+                    setattr(parent, name, packed(child, dtype))
+            elif isinstance(child, nn.Linear) and kernels and packable(*child.weight.shape):
+                setattr(parent, name, PackedBF16Linear(child, kernels))
+    if tied and isinstance(model.lm_head, PackedBF16Linear):
+        stack.embed_tokens = PackedEmbedding(model.lm_head)
     return model

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from pagedllm import optimized, reference
-from pagedllm.optimized.quant_layers import Int4PackedLinear, Int8PackedLinear
+from pagedllm.optimized.cpu_matmul import cpu_kernels
+from pagedllm.optimized.quant_layers import (
+    Int4PackedLinear,
+    Int8PackedLinear,
+    PackedBF16Linear,
+    PackedEmbedding,
+    PackedInt4Linear,
+)
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.model.quantization import QuantizedLinear
 from pagedllm.reference.ops.weight_quant import (
@@ -68,15 +75,26 @@ def test_int4_refuses_a_group_that_does_not_divide_the_input():
 
 
 # -- the fast kernels against the twin -------------------------------------------------------
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_packed_kernels_compute_what_the_twin_computes(scheme):
+def _own(layer, dtype):
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("this CPU has no AVX-512 BF16 (or the kernel did not build)")
+    return PackedInt4Linear(layer, kernels)
+
+
+FAST_INT = {"int8": Int8PackedLinear, "int4": Int4PackedLinear, "int4-own": _own}
+
+
+@pytest.mark.parametrize("scheme,group_size", [("int8", None)] + [
+    (scheme, g) for scheme in ("int4", "int4-own") for g in (32, 64, 128)])
+def test_packed_kernels_compute_what_the_twin_computes(scheme, group_size):
     torch.manual_seed(0)
     w = (torch.randn(96, 256) * 0.05).bfloat16()
-    q = quantize_int8(w) if scheme == "int8" else quantize_int4(w, 64)
+    q = quantize_int8(w) if scheme == "int8" else quantize_int4(w, group_size)
     bias = torch.randn(96).bfloat16()
     layer = QuantizedLinear(q, bias)
-    fast = (Int8PackedLinear if scheme == "int8" else Int4PackedLinear)(layer, torch.bfloat16)
-    for rows in (1, 3, 17):
+    fast = FAST_INT[scheme](layer, torch.bfloat16)
+    for rows in (1, 3, 8, 9, 17):  # the own kernel's tiles are 8 rows: full, partial, several
         x = torch.randn(rows, 256).bfloat16()
         want = quantized_linear(x, q, bias)  # [rows, 96]
         got = fast(x)
@@ -84,6 +102,21 @@ def test_packed_kernels_compute_what_the_twin_computes(scheme):
         # The same float32 sums in another order, one rounding to bf16 (then the bias add):
         # at most a rounding step apart.
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+
+
+def test_own_bf16_kernel_and_the_embedding_it_serves_match_torch():
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("this CPU has no AVX-512 BF16 (or the kernel did not build)")
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 160, bias=True).bfloat16()
+    fast = PackedBF16Linear(layer, kernels)
+    for rows in (1, 8, 13):
+        x = torch.randn(rows, 256).bfloat16()
+        want = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+        torch.testing.assert_close(fast(x).float(), want, rtol=2**-7, atol=2**-6)
+    ids = torch.tensor([0, 15, 16, 159, 7])
+    assert torch.equal(PackedEmbedding(fast)(ids), layer.weight[ids])  # the rows, exactly
 
 
 # -- the engine ------------------------------------------------------------------------------
@@ -117,7 +150,7 @@ def test_both_tiers_run_a_quantized_model_and_agree(model_dir, scheme):
                     if name.rsplit(".", 1)[-1].endswith("proj")]
         assert products and all(
             isinstance(llm.engine.model.get_submodule(name), QuantizedLinear | Int8PackedLinear
-                       | Int4PackedLinear) for name in products), tier
+                       | Int4PackedLinear | PackedInt4Linear) for name in products), tier
 
 
 def test_quantized_weights_take_fewer_bytes_and_skip_keeps_a_layer(model_dir):

@@ -17,6 +17,7 @@ def test_normal_install_from_a_wheel(tmp_path):
     for pkg in PACKAGES:
         assert f"pagedllm/{pkg}/__init__.py" in names
     assert "pagedllm/reference/model/loader.py" in names
+    assert "pagedllm/optimized/csrc/cpu_matmul.cpp" in names  # the CPU kernel builds from it
     assert not any(n.startswith(("tests/", "reference/", "kernels/")) for n in names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
@@ -44,3 +45,18 @@ def test_no_top_level_kernels_module_is_installed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd="/", check=True).stdout
     assert out.strip() == "None" or "site-packages/kernels" in out
+
+
+def test_a_top_level_kernels_import_from_the_checkout_is_hugging_faces():
+    """From the repository root (python -c, python -m, pytest) ``kernels/`` is importable as
+    ``kernels``; transformers imports Hugging Face's package by that name when it loads a
+    model, so there it must be that package (or absent, as outside the checkout)."""
+    code = ("import importlib.util as u\n"
+            "if u.find_spec('kernels') is None: print('absent')\n"
+            "else:\n"
+            "    try:\n"
+            "        import kernels; print(kernels.__file__)\n"
+            "    except ModuleNotFoundError: print('absent')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    assert out == "absent" or "site-packages" in out, out
