@@ -63,7 +63,7 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
     engine = (DataParallelEngine(llm, metrics) if isinstance(llm, DataParallelLLM)
               else AsyncLLMEngine(llm, metrics))
     mapper = RequestMapper(served_model_name, engine.tokenizer, engine.max_model_len,
-                           engine.vocab_size)
+                           engine.vocab_size, engine.max_logprobs)
     tokenization = Tokenization(served_model_name, engine.tokenizer, engine.max_model_len,
                                 engine.vocab_size)
 

@@ -61,6 +61,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the model's positions)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--max-logprobs", type=int, default=20,
+                        help="the most logprobs, top_logprobs or prompt_logprobs a request may "
+                        "ask for (vLLM's default 20); more is a 400. -1: no cap but the "
+                        "vocabulary (prompt_logprobs -1, the whole vocabulary, needs it)")
     parser.add_argument("--gpu-memory-utilization", type=float,
                         help="optimized tier on CUDA: share of GPU memory to fill (default 0.9)")
     parser.add_argument("--kv-cache-memory-bytes", type=int, help="bytes of KV cache (default "

@@ -87,6 +87,7 @@ class AsyncLLMEngine:
         self.metrics = metrics
         self.max_model_len = self.engine.config.max_model_len
         self.vocab_size = self.engine.vocab_size
+        self.max_logprobs = self.engine.config.max_logprobs  # -1: no cap but the vocabulary
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._live: dict[str, _Tracked] = {}  # engine thread only

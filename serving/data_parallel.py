@@ -152,6 +152,7 @@ def _replica_main(args: argparse.Namespace, index: int, gpus: str | None, conn) 
     try:
         conn.send(("ready", {"tokenizer": llm.tokenizer, "model_dir": str(llm.model_dir),
                              "max_model_len": engine.config.max_model_len,
+                             "max_logprobs": engine.config.max_logprobs,
                              "vocab_size": engine.vocab_size}, _state(engine)))
         while True:
             try:
@@ -223,8 +224,8 @@ def _picklable(err: BaseException) -> BaseException:
 
 # -- the front end's stand-in for one replica's LLMEngine ---------------------------------------
 class _Config:
-    def __init__(self, max_model_len: int):
-        self.max_model_len = max_model_len
+    def __init__(self, max_model_len: int, max_logprobs: int):
+        self.max_model_len, self.max_logprobs = max_model_len, max_logprobs
 
 
 class ReplicaEngine:
@@ -235,7 +236,7 @@ class ReplicaEngine:
 
     def __init__(self, index: int, process, conn, info: dict, state: dict):
         self.index, self.process, self.conn = index, process, conn
-        self.config = _Config(info["max_model_len"])
+        self.config = _Config(info["max_model_len"], info["max_logprobs"])
         self.vocab_size, self.tokenizer = info["vocab_size"], info["tokenizer"]
         self.model_dir = info["model_dir"]
         self.dead: str | None = None
@@ -420,6 +421,7 @@ class DataParallelEngine:
                          for r in llm.replicas]
         self.max_model_len = self.replicas[0].max_model_len
         self.vocab_size = self.replicas[0].vocab_size
+        self.max_logprobs = self.replicas[0].max_logprobs
         self._incoming = [0] * len(self.replicas)  # routed, not yet taken
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:

@@ -39,7 +39,8 @@ def load_llm(args: argparse.Namespace):
                    quantization=args.quantization,
                    quantization_group_size=args.quantization_group_size,
                    quantization_skip=tuple(args.quantization_skip),
-                   tensor_parallel_size=args.tensor_parallel_size)
+                   tensor_parallel_size=args.tensor_parallel_size,
+                   max_logprobs=args.max_logprobs)
     if args.tier == "optimized":
         from pagedllm.optimized import LLM
     else:

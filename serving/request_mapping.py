@@ -47,17 +47,24 @@ class EngineRequest:
 def refusal(err: Exception, prompt_field: str) -> APIError:
     """A refusal by SamplingParams or the engine as a 400 naming the request's field. The
     engine calls every prompt "prompt"; the request may call it otherwise ("messages" for
-    chat). An error without a field is still the request's fault: a 400 naming no field."""
+    chat, whose top_logprobs are the engine's logprobs). An error without a field is still the
+    request's fault: a 400 naming no field."""
     field = getattr(err, "field", None)
-    return APIError(400, str(err), prompt_field if field == "prompt" else field)
+    if field == "prompt":
+        field = prompt_field
+    elif field == "logprobs" and prompt_field == "messages":
+        field = "top_logprobs"
+    return APIError(400, str(err), field)
 
 
 class RequestMapper:
     """Maps the bodies of /v1/completions and /v1/chat/completions for one served model."""
 
-    def __init__(self, model_name: str, tokenizer, max_model_len: int, vocab_size: int):
+    def __init__(self, model_name: str, tokenizer, max_model_len: int, vocab_size: int,
+                 max_logprobs: int):
         self.model_name, self.tokenizer = model_name, tokenizer
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
+        self.max_logprobs = max_logprobs  # the engine's cap (-1: none); the engine checks k
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -66,8 +73,10 @@ class RequestMapper:
 
     def _prompt_logprobs(self, req) -> int | None:
         """vLLM's prompt_logprobs field: k, with -1 (the whole vocabulary) as the vocabulary's
-        size; refused with stream, as vLLM refuses it (the entries come once, after the
-        prefill, while a stream's chunks carry only new tokens)."""
+        size where the engine's max_logprobs allows that many (``--max-logprobs -1``), as in
+        vLLM; the engine checks every other k against the cap. Refused with stream, as vLLM
+        refuses it (the entries come once, after the prefill, while a stream's chunks carry
+        only new tokens)."""
         k = req.prompt_logprobs
         if k is None:
             return None
@@ -77,6 +86,11 @@ class RequestMapper:
         if k < -1:
             raise APIError(400, f"prompt_logprobs must be -1 (the whole vocabulary) or >= 0, "
                                 f"got {k}", "prompt_logprobs")
+        if k == -1 and self.max_logprobs != -1 and self.vocab_size > self.max_logprobs:
+            raise APIError(400, f"prompt_logprobs = -1 asks for the whole vocabulary "
+                                f"({self.vocab_size} tokens), more than max_logprobs = "
+                                f"{self.max_logprobs}: ask for at most {self.max_logprobs}, or "
+                                "start the server with --max-logprobs -1", "prompt_logprobs")
         return self.vocab_size if k == -1 else k
 
     def _params(self, req, max_tokens: int | None, logprobs: int | None,

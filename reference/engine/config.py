@@ -75,6 +75,7 @@ class EngineArgs:
     quantization_group_size: int = 32  # int4: inputs per group (32, 64, 128 or 256)
     quantization_skip: tuple[str, ...] = ()  # linear layers left unquantized, e.g. ("lm_head",)
     tensor_parallel_size: int = 1  # ranks splitting every layer (torch.distributed workers)
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: no cap
 # --8<-- [end:engine_args]
 
     def create_engine_config(self) -> "EngineConfig":
@@ -107,6 +108,7 @@ class EngineConfig:
     quantization_group_size: int = 32
     quantization_skip: tuple[str, ...] = ()
     tensor_parallel_size: int = 1
+    max_logprobs: int = 20  # -1: no cap but the vocabulary (request_checks.py)
 
     # The scheduler's budgets, read where the engine's config is read (engine.config.X).
     @property
@@ -172,6 +174,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise FieldValueError("swap_space", "give the swap space once: swap_space (GiB) or "
                               "swap_space_blocks, not both")
     check_int("max_num_seqs", args.max_num_seqs, low=1)
+    check_int("max_logprobs", args.max_logprobs, low=0, allowed=(-1,))  # -1: no cap
     for name in ("num_gpu_blocks", "kv_cache_memory", "max_model_len", "max_num_batched_tokens"):
         if getattr(args, name) is not None:
             check_int(name, getattr(args, name), low=1)
@@ -253,7 +256,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                                 else args.gpu_memory_utilization),
         kv_cache_dtype=kv_format.name, calculate_kv_scales=args.calculate_kv_scales,
         quantization=args.quantization, quantization_group_size=args.quantization_group_size,
-        quantization_skip=quant_skip, tensor_parallel_size=args.tensor_parallel_size)
+        quantization_skip=quant_skip, tensor_parallel_size=args.tensor_parallel_size,
+        max_logprobs=args.max_logprobs)
 # --8<-- [end:create_engine_config]
 
 

@@ -142,7 +142,7 @@ class LLMEngine:
         check_params(params)
         text, ids = prompt_ids(prompt, self.tokenizer, self.vocab_size)
         check_request(request_id, len(ids), params, self.kv, self.config.scheduler_config,
-                      self.vocab_size)
+                      self.vocab_size, self.config.max_logprobs)
         compiling = self._check_grammar(params)
         seed = getattr(params, "seed", None)
         if seed is None:

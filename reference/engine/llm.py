@@ -21,9 +21,10 @@ class LLM:
     ``LLM(model, **options)``: options are the fields of ``EngineArgs`` (config.py: dtype,
     device, block_size, num_gpu_blocks, kv_cache_memory, swap_space_blocks, kv_layout,
     reservation_policy, batching, max_num_seqs, max_num_batched_tokens, max_model_len,
-    preemption_mode, enable_prefix_caching, enable_chunked_prefill, seed, backend), checked
-    before the weights load. ``LLM(engine_args)`` takes a whole EngineArgs instead — how a
-    tier's LLM (``pagedllm.optimized.LLM``) hands in its own model runner.
+    preemption_mode, enable_prefix_caching, enable_chunked_prefill, seed, backend,
+    max_logprobs, ...), checked before the weights load. ``LLM(engine_args)`` takes a whole
+    EngineArgs instead — how a tier's LLM (``pagedllm.optimized.LLM``) hands in its own model
+    runner.
     """
 
     def __init__(self, model: str | Path | EngineArgs, *args, **options):

@@ -4,7 +4,8 @@ An accepted request always finishes, so everything that could stop it from finis
 now, with a ValueError naming the field (``FieldValueError.field``: a server answers 400 for that
 field without reading the message): a prompt that is empty, outside the vocabulary or longer
 than max_model_len; more sequences or tokens per step than the budgets allow; more KV memory
-than the whole pool holds (it could never finish); logprobs, prompt_logprobs, stop tokens or
+than the whole pool holds (it could never finish); logprobs or prompt_logprobs above the
+engine's max_logprobs (vLLM's cap, default 20); logprobs, prompt_logprobs, stop tokens or
 logit_bias ids past the vocabulary.
 """
 
@@ -57,9 +58,10 @@ def prompt_ids(prompt, tokenizer, vocab_size: int) -> tuple[str | None, list[int
 
 # --8<-- [start:check_request]
 def check_request(request_id: str, num_prompt_tokens: int, params, kv,
-                  sc: SchedulerConfig, vocab_size: int) -> None:
+                  sc: SchedulerConfig, vocab_size: int, max_logprobs: int) -> None:
     """Refuse what the scheduler could never run, the KV pool never hold, or the sampler never
-    serve. kv: the engine's KV cache manager (it knows what its layout can hold)."""
+    serve. kv: the engine's KV cache manager (it knows what its layout can hold);
+    max_logprobs: the engine's cap on logprobs and prompt_logprobs (-1: the vocabulary)."""
     if num_prompt_tokens > sc.max_model_len:
         raise FieldValueError("prompt", f"prompt of {num_prompt_tokens} tokens is longer than "
                               f"max_model_len = {sc.max_model_len}")
@@ -73,13 +75,8 @@ def check_request(request_id: str, num_prompt_tokens: int, params, kv,
         raise FieldValueError(field, f"{field} = {width} decodes {width} tokens per step, more "
                               f"than max_num_batched_tokens = {sc.max_num_batched_tokens}")
     if not beam:
-        if params.logprobs is not None and params.logprobs > vocab_size:
-            raise FieldValueError("logprobs", f"logprobs = {params.logprobs} is more than the "
-                                  f"vocabulary of {vocab_size} tokens")
-        if params.prompt_logprobs is not None and params.prompt_logprobs > vocab_size:
-            raise FieldValueError("prompt_logprobs", f"prompt_logprobs = "
-                                  f"{params.prompt_logprobs} is more than the vocabulary of "
-                                  f"{vocab_size} tokens")
+        for name in ("logprobs", "prompt_logprobs"):
+            check_logprobs(name, getattr(params, name), vocab_size, max_logprobs)
         bad = [t for t in params.stop_token_ids if t >= vocab_size]
         if bad:
             raise FieldValueError("stop_token_ids", f"stop_token_ids {bad[:5]} are outside the "
@@ -104,3 +101,21 @@ def check_request(request_id: str, num_prompt_tokens: int, params, kv,
                               "finish; lower n (or beam_width) or max_tokens, or give the pool "
                               "more blocks")
 # --8<-- [end:check_request]
+
+
+def check_logprobs(name: str, k: int | None, vocab_size: int, max_logprobs: int) -> None:
+    """logprobs or prompt_logprobs: at most the vocabulary, and at most max_logprobs (vLLM's
+    engine argument, default 20; -1: no cap). Without the cap one request could ask for the
+    whole vocabulary at every prompt token: vocabulary x prompt tokens floats (SmolLM2: 49,152
+    x 2,048, about 100 million), held until it finishes."""
+    if k is None:
+        return
+    if k > vocab_size:
+        raise FieldValueError(name, f"{name} = {k} is more than the vocabulary of {vocab_size} "
+                              "tokens")
+    if max_logprobs != -1 and k > max_logprobs:
+        raise FieldValueError(name, f"{name} = {k} is more than max_logprobs = {max_logprobs}, "
+                              f"the most logprobs a request may ask for: ask for at most "
+                              f"{max_logprobs}, or raise the cap (LLM(..., max_logprobs=N), "
+                              "pagedllm serve --max-logprobs N; -1 allows up to the whole "
+                              "vocabulary)")

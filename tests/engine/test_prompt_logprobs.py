@@ -138,7 +138,7 @@ def test_bad_prompt_logprobs(tier, value, error, message):
 
 
 def test_prompt_logprobs_above_the_vocabulary(tier, checkpoints):
-    llm = tier.LLM(checkpoints["llama"], block_size=4)
+    llm = tier.LLM(checkpoints["llama"], block_size=4, max_logprobs=-1)  # no cap: the vocabulary
     vocab = llm.engine.vocab_size
     with pytest.raises(ValueError, match=f"prompt_logprobs = {vocab + 1} is more than the "
                                          f"vocabulary of {vocab} tokens") as info:

@@ -19,14 +19,16 @@ def test_serve_flags_and_default_bind():
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.tier == "optimized"
     assert args.model is None and args.api_key is None
+    assert args.max_logprobs == 20  # vLLM's default
     args = build_parser().parse_args([
         "serve", "--model", "x", "--served-model-name", "y", "--max-num-seqs", "8",
         "--max-num-batched-tokens", "512", "--max-model-len", "256", "--block-size", "8",
         "--gpu-memory-utilization", "0.8", "--swap-space", "1", "--preemption-mode", "swap",
         "--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager", "--seed", "3",
         "--dtype", "bfloat16", "--tier", "reference", "--api-key", "k", "--kv-cache-dtype", "fp8",
-        "--calculate-kv-scales"])
+        "--calculate-kv-scales", "--max-logprobs", "-1"])
     assert (args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len) == (8, 512, 256)
+    assert args.max_logprobs == -1
     assert args.kv_cache_dtype == "fp8" and args.calculate_kv_scales
 
 

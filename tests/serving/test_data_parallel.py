@@ -132,6 +132,20 @@ def test_structured_outputs_cross_to_the_replicas(server):
         assert isinstance(json.loads(out.choices[0].text)["n"], int)
 
 
+def test_the_replicas_max_logprobs_reaches_the_front_end(server):
+    """The front end resolves prompt_logprobs -1 against the replicas' max_logprobs (20 by
+    default: refused by name); the replica refuses 21 at its door; both are 400s."""
+    assert server.app.state.engine.max_logprobs == 20
+    for body, field in (({"prompt_logprobs": -1}, "prompt_logprobs"),
+                        ({"logprobs": 21, "echo": True}, "logprobs")):
+        r = httpx.post(server.url + "/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": "The with statement", "max_tokens": 1,
+                             **body})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == field
+        assert "max_logprobs = 20" in r.json()["error"]["message"]
+
+
 def test_a_client_that_leaves_frees_the_blocks_of_its_replica(server):
     decoded = [s["decode_tokens"] for s in idle(server)["replicas"]]
     aborted = metric(server, "request_success_total", finished_reason="abort")

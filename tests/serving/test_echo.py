@@ -1,7 +1,9 @@
 """echo on /v1/completions: the prompt's text before the completion, and with logprobs the
 prompt tokens' logprobs in OpenAI's legacy layout (first None), as lm-evaluation-harness's
 local-completions reads them; max_tokens 0 scores a prompt without generating; token-id prompts
-(a list, a list of lists); echo on chat, and max_tokens 0 without echo, refused by name."""
+(a list, a list of lists); echo on chat, and max_tokens 0 without echo, refused by name. More
+logprobs than the engine's max_logprobs (20, vLLM's default) are refused by name, prompt_logprobs
+-1 (the whole vocabulary) among them; a server started with --max-logprobs -1 serves them."""
 
 import json
 
@@ -10,14 +12,29 @@ import openai
 import pytest
 
 from pagedllm.optimized import SamplingParams
+from pagedllm.serving.api_server import ServerThread, build_app, load_llm
+from pagedllm.serving.cli import build_parser
 
 from .conftest import MODEL
 
 PROMPTS = [[40, 41, 42, 43, 44, 45, 46], [300, 12, 77, 5]]
 
 
-def post(server, body: dict) -> httpx.Response:
-    return httpx.post(server.url + "/v1/completions", json={"model": MODEL, **body}, timeout=60)
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+def post(server, body: dict, path: str = "/v1/completions") -> httpx.Response:
+    return httpx.post(server.url + path, json={"model": MODEL, **body}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def uncapped_server():
+    """`pagedllm serve --max-logprobs -1`: the flags, through load_llm, to the engine."""
+    llm = load_llm(build_parser().parse_args(["serve", "--max-logprobs", "-1", "--device", "cpu",
+                                              "--tier", "optimized"]))
+    assert llm.engine.config.max_logprobs == -1
+    with ServerThread(build_app(llm, MODEL)) as running:
+        yield running
 
 
 def engine_prompt_logprobs(llm, prompt, k):
@@ -154,14 +171,12 @@ def test_vllms_prompt_logprobs_field(server, reference_llm):
     entries = chat["prompt_logprobs"]
     assert entries[0] is None and all(len(e) == 1 for e in entries[1:])
     assert len(entries) == chat["usage"]["prompt_tokens"]
-    whole = post(server, {"prompt": PROMPTS[1], "max_tokens": 1, "prompt_logprobs": -1})
-    assert all(len(e) == reference_llm.engine.vocab_size for e in
-               whole.json()["choices"][0]["prompt_logprobs"][1:])
 
 
 @pytest.mark.parametrize("body, field", [
     ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({"prompt": "x", "prompt_logprobs": -2}, "prompt_logprobs"),
+    ({"prompt": "x", "prompt_logprobs": -1}, "prompt_logprobs"),  # above max_logprobs = 20
     ({"prompt": "x", "prompt_logprobs": 10**6}, "prompt_logprobs"),
     ({"prompt": "x", "prompt_logprobs": "2"}, "prompt_logprobs"),
 ])
@@ -169,3 +184,60 @@ def test_prompt_logprobs_refused_by_name(server, body, field):
     r = post(server, body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+# -- max_logprobs: 20 unless the server is started with more -------------------------------------
+CAPPED = [  # (path, body, the field named): each asks for 21, or the whole vocabulary
+    ("/v1/completions", {"prompt": PROMPTS[0], "echo": True, "logprobs": 21, "max_tokens": 1},
+     "logprobs"),
+    ("/v1/completions", {"prompt": PROMPTS[0], "logprobs": 21, "max_tokens": 1}, "logprobs"),
+    ("/v1/completions", {"prompt": PROMPTS[0], "prompt_logprobs": 21, "max_tokens": 1},
+     "prompt_logprobs"),
+    ("/v1/completions", {"prompt": PROMPTS[0], "prompt_logprobs": -1, "max_tokens": 1},
+     "prompt_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "prompt_logprobs": -1}, "prompt_logprobs"),
+]
+
+
+@pytest.mark.parametrize("path, body, field", CAPPED, ids=[f"{i}-{c[2]}"
+                                                           for i, c in enumerate(CAPPED)])
+def test_more_than_max_logprobs_is_refused_by_name(server, client, path, body, field):
+    r = post(server, body, path)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field
+    assert "max_logprobs = 20" in error["message"] and "--max-logprobs" in error["message"]
+    with pytest.raises(openai.BadRequestError):  # the client sees the same refusal
+        client.post(path.removeprefix("/v1"), body=body, cast_to=object)
+    # the cap itself is served, and the refusal left the engine serving
+    at_cap = {k: (20 if v in (21, -1) else v) for k, v in body.items()}
+    r = post(server, at_cap, path)
+    assert r.status_code == 200, r.text
+
+
+def test_max_logprobs_minus_1_serves_the_whole_vocabulary(uncapped_server, reference_llm):
+    vocab = reference_llm.engine.vocab_size
+    assert vocab > 21
+    whole = post(uncapped_server, {"prompt": PROMPTS[1], "max_tokens": 1, "prompt_logprobs": -1})
+    assert whole.status_code == 200, whole.text
+    entries = whole.json()["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(PROMPTS[1])
+    assert all(len(e) == vocab for e in entries[1:])
+    echo = post(uncapped_server, {"prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0,
+                                  "echo": True, "logprobs": 21})
+    assert echo.status_code == 200, echo.text
+    top = echo.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert top[0] is None and len(top) == len(PROMPTS[0]) + 1
+    assert all(len(t) == 21 for t in top[1:])
+    chat = post(uncapped_server, {**CHAT, "logprobs": True, "top_logprobs": 21},
+                "/v1/chat/completions")
+    assert chat.status_code == 200, chat.text
+    content = chat.json()["choices"][0]["logprobs"]["content"]
+    assert content and all(len(t["top_logprobs"]) == 21 for t in content)
+    chat = post(uncapped_server, {**CHAT, "prompt_logprobs": -1}, "/v1/chat/completions")
+    assert chat.status_code == 200, chat.text
+    assert all(len(e) == vocab for e in chat.json()["prompt_logprobs"][1:])
+    past = post(uncapped_server, {"prompt": "x", "prompt_logprobs": vocab + 1})
+    assert past.status_code == 400 and past.json()["error"]["param"] == "prompt_logprobs"
+    assert "vocabulary" in past.json()["error"]["message"]
