@@ -36,6 +36,8 @@ from pagedllm.kernels.rotary import rotary as triton_rotary
 from pagedllm.reference.model import PagedAttention
 from pagedllm.reference.ops import dequantize_kv, kv_cache_format
 
+from .cpu_matmul import cpu_kernels
+
 
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                         sliding_window=None, kv_cache_dtype="auto", k_scale=None,
@@ -225,10 +227,18 @@ class PlannedAttention(PagedAttention):
     the plan. Its K/V writes (and int4's rotation) are PagedAttention's; it reads by
     ``attend`` on the plan. The same holds for rotary: every layer of a step rotates by
     the same positions, so the step's backend rotates with cos/sin computed once
-    (``rotary_tables``) where the op recomputes them in each layer."""
+    (``rotary_tables``) where the op recomputes them in each layer.
+
+    A step of decodes only, over an unquantized bf16 cache, needs no plan where the CPU has
+    AVX-512 BF16: our kernel (``csrc/cpu_matmul.cpp``, ``paged_decode_attention``) reads
+    each sequence's keys and values in place through its block table, with no gather, no
+    padding and no mask, in float32 (scores, softmax, sum) and rounds once to bf16."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        starts = self.metadata.query_start_loc_cpu
+        self.decodes_only = bool(torch.equal(  # one query row per sequence, no padding
+            starts, torch.arange(starts.numel(), dtype=starts.dtype)))
         self.plans: dict[int | None, AttentionPlan] = {}
         self.rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         if self.backend.rotary is triton_rotary:  # the tier's op, not one swapped in
@@ -246,6 +256,12 @@ class PlannedAttention(PagedAttention):
     def read(self, layer, q, scale, sliding_window=None):
         md = self.metadata
         k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
+        if (self.decodes_only and q.dtype == k_cache.dtype == torch.bfloat16
+                and q.shape[-1] in (32, 64) and q.shape[0] == md.seq_lens_cpu.numel()
+                and not self.quant.args(layer) and (kernels := cpu_kernels())):
+            return kernels.paged_decode_attention(  # [S, heads, head_dim]
+                q.contiguous(), k_cache, v_cache, md.block_tables, md.seq_lens_cpu, scale,
+                sliding_window or 0)
         if sliding_window not in self.plans:
             self.plans[sliding_window] = plan_attention(
                 md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu,

@@ -22,6 +22,7 @@ import os
 
 import torch
 
+from pagedllm.reference.ops import rms_norm as rms_norm_reference
 from pagedllm.reference.ops.weight_quant import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "cpu_matmul.cpp")
 
 @functools.cache
 def cpu_kernels():
-    """The built extension, or None where this CPU or machine cannot run it (logged once)."""
+    """The kernels' operators (``torch.ops.pagedllm_cpu``: ``int4_matmul``, ``bf16_matmul``),
+    or None where this CPU or machine cannot run them (logged once)."""
     try:
         from torch.utils.cpp_extension import load
         ext = load("pagedllm_cpu_matmul", [SOURCE], extra_cflags=["-O3"], verbose=False)
@@ -41,7 +43,7 @@ def cpu_kernels():
     if not ext.supported():
         log.info("pagedllm: this CPU has no AVX-512 BF16; using torch's kernels")
         return None
-    return ext
+    return torch.ops.pagedllm_cpu  # registered when the extension loaded
 
 
 def packable(out_features: int, in_features: int) -> bool:
@@ -76,3 +78,17 @@ def pack_int4(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
     scales = per_block(qw.scales)
     return packed, scales, (per_block(qw.zeros) - 136 * scales).contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin's ``rms_norm`` (same arguments, same roundings) in one pass a row, for bf16
+    rows and weight; any other input goes to the twin."""
+    kernels = cpu_kernels()
+    if (kernels is None or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16
+            or x.shape[-1] % 16 or (residual is not None and (
+                residual.shape != x.shape or residual.dtype != x.dtype))):
+        return rms_norm_reference(x, weight, eps, residual)
+    if residual is None:
+        return kernels.rms_norm(x.contiguous(), weight, eps), x  # the new residual is x
+    return kernels.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)

@@ -20,15 +20,20 @@ with one launch. A decode batch of B sequences is padded to the next captured si
 rows write their K/V nowhere (slot -1), attend over one slot of block 0, and are never sampled.
 """
 
+from dataclasses import replace
+
 import torch
 
 from pagedllm.kernels.paged_attention import paged_attention as triton_paged_attention
+from pagedllm.kernels.rms_norm import rms_norm as triton_rms_norm
 from pagedllm.kernels.runtime import interpreting
 from pagedllm.reference.engine.model_runner import ModelRunner as ReferenceModelRunner
 from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
 from .attention import PlannedAttention
+from .cpu_matmul import cpu_kernels
+from .cpu_matmul import rms_norm as cpu_rms_norm
 from .kv_sizing import profile_num_blocks
 from .layers import merge_projections, transpose_linears
 from .quant_layers import pack_linears_for_cpu, triton_quantized_linears
@@ -70,6 +75,11 @@ class ModelRunner(ReferenceModelRunner):
         else:  # CUDA, or the kernels under the interpreter
             model = triton_quantized_linears(model)
         super().__init__(model, config)
+        if (on_cpu and not interpreting() and config.dtype == torch.bfloat16
+                and self.backend.rms_norm is triton_rms_norm and cpu_kernels()):
+            # the tier's own norm (not one swapped in) as one pass a row: without Triton it
+            # would be the twin's ten operators
+            self.backend = replace(self.backend, rms_norm=cpu_rms_norm)
         sc = config.scheduler_config
         self.config = config
         self.device = next(self.model.parameters()).device

@@ -1,15 +1,15 @@
-// Few-row matrix products for a CPU with AVX-512 BF16: x [M, K] bf16 times a weight held either
-// as int4 codes with a scale and zero point per group (W4A16) or as bf16 (W16A16), -> [M, N] bf16.
+// Few-row matrix products for a CPU with AVX-512 BF16: x [M, K] bf16 times a weight held
+// as int4 codes with a scale and zero point per group (W4A16) or as bf16, -> [M, N] bf16.
 //
-// A decode step multiplies a few rows by every weight, so it is as fast as the weights can be
-// read. The codes are turned into bf16 inside the registers, never written back as a float
-// weight, and multiplied with vdpbf16ps: per 32-bit lane, two bf16 products added to a float32
-// accumulator. A 512-bit register then holds 16 outputs x 2 inputs, which is the layout the
-// weights are packed in (cpu_matmul.py): for every block of 16 outputs, the inputs in pairs.
+// A decode step multiplies a few rows by every weight, so it is as fast as the weights can
+// be read. The codes become bf16 inside the registers, never written back as a float
+// weight, and are multiplied with vdpbf16ps: per 32-bit lane, two bf16 products added to a
+// float32 accumulator. A 512-bit register then holds 16 outputs x 2 inputs, the layout the
+// weights are packed in (cpu_matmul.py): per block of 16 outputs, the inputs in pairs.
 //
-// int4 codes q in [0, 15] stand for (q - 8) s + z in their group. 0x4300 | q is the bf16 bit
-// pattern of 128 + q (bf16 keeps 7 mantissa bits), so one OR turns a code into a bf16 number
-// and a group's products sum to  D = sum x (128 + q).  With X = sum x over the group,
+// int4 codes q in [0, 15] stand for (q - 8) s + z in their group. 0x4300 | q is the bf16
+// bit pattern of 128 + q (bf16 keeps 7 mantissa bits), so one OR turns a code into a bf16
+// number, and a group's products sum to D = sum x (128 + q). With X = sum x over the group,
 //     sum x w = s sum x q + (z - 8 s) X = s D + (z - 136 s) X,
 // so the packer stores z - 136 s and the kernel adds X times it: two FMAs a group.
 #include <torch/extension.h>
@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -25,52 +26,66 @@
 
 namespace {
 
+// --8<-- [start:int4_tile]
 // MB rows x 16 outputs of the int4 product; xs holds each row's sum over each group.
 template <int MB>
-AVX512BF16 void int4_tile(const uint16_t* x, int64_t K, const uint8_t* w, const float* scale,
-                          const float* zero, const float* xs, int64_t G, int64_t gs,
-                          uint16_t* out, int64_t N) {
+AVX512BF16 void int4_tile(const uint16_t* x, int64_t K, const uint8_t* w,
+                          const float* scale, const float* zero, const float* xs,
+                          int64_t G, int64_t gs, uint16_t* out, int64_t N) {
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi16(0x000F);
   const __m512i bf16_128 = _mm512_set1_epi16(0x4300);
   for (int64_t g = 0; g < G; ++g) {
-    __m512 dot[MB];
-    for (int m = 0; m < MB; ++m) dot[m] = _mm512_setzero_ps();
+    // A few rows: two sums a row (low and high nibbles), so that a product waits only for
+    // every other one. Eight rows keep the registers busy with one sum a row.
+    constexpr bool split = MB <= 4;
+    __m512 dot[MB], dot_hi[MB];
+    for (int m = 0; m < MB; ++m) dot[m] = dot_hi[m] = _mm512_setzero_ps();
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 4) {
-      // 32 bytes: low nibbles are inputs k, k+1 of the 16 outputs, high nibbles k+2, k+3
-      __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + k * 8)));
-      __m512bh lo = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low4), bf16_128);
+      // 32 bytes: low nibbles hold inputs k, k+1 of the 16 outputs, high ones k+2, k+3
+      __m512i b = _mm512_cvtepu8_epi16(
+          _mm256_loadu_si256((const __m256i*)(w + k * 8)));
+      __m512bh lo =
+          (__m512bh)_mm512_or_si512(_mm512_and_si512(b, low4), bf16_128);
       __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), bf16_128);
       for (int m = 0; m < MB; ++m) {
-        const int32_t* xr = (const int32_t*)(x + m * K + k);  // inputs k..k+3 as two pairs
+        // inputs k..k+3 of row m as two pairs, each pair broadcast to every lane
+        const int32_t* xr = (const int32_t*)(x + m * K + k);
         dot[m] = _mm512_dpbf16_ps(dot[m], lo, (__m512bh)_mm512_set1_epi32(xr[0]));
-        dot[m] = _mm512_dpbf16_ps(dot[m], hi, (__m512bh)_mm512_set1_epi32(xr[1]));
+        __m512& sum_hi = split ? dot_hi[m] : dot[m];
+        sum_hi = _mm512_dpbf16_ps(sum_hi, hi, (__m512bh)_mm512_set1_epi32(xr[1]));
       }
     }
-    const __m512 s = _mm512_loadu_ps(scale + g * 16), z = _mm512_loadu_ps(zero + g * 16);
+    const __m512 s = _mm512_loadu_ps(scale + g * 16);
+    const __m512 z = _mm512_loadu_ps(zero + g * 16);
     for (int m = 0; m < MB; ++m) {
-      acc[m] = _mm512_fmadd_ps(dot[m], s, acc[m]);
+      const __m512 d = split ? _mm512_add_ps(dot[m], dot_hi[m]) : dot[m];
+      acc[m] = _mm512_fmadd_ps(d, s, acc[m]);
       acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * G + g]), z, acc[m]);
     }
   }
-  for (int m = 0; m < MB; ++m)
+  for (int m = 0; m < MB; ++m)  // round once to bf16
     _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(acc[m]));
 }
+// --8<-- [end:int4_tile]
 
 // MB rows x 16 outputs of the bf16 product.
 template <int MB>
 AVX512BF16 void bf16_tile(const uint16_t* x, int64_t K, const uint16_t* w, uint16_t* out,
                           int64_t N) {
-  __m512 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 2) {
-    const __m512bh wk = (__m512bh)_mm512_loadu_si512((const void*)(w + k * 16));
+  __m512 acc[MB], acc_odd[MB];  // two sums a row, even and odd input pairs
+  for (int m = 0; m < MB; ++m) acc[m] = acc_odd[m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 4) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void*)(w + k * 16));
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void*)(w + k * 16 + 32));
     for (int m = 0; m < MB; ++m) {
       const int32_t* xr = (const int32_t*)(x + m * K + k);
-      acc[m] = _mm512_dpbf16_ps(acc[m], wk, (__m512bh)_mm512_set1_epi32(xr[0]));
+      acc[m] = _mm512_dpbf16_ps(acc[m], w0, (__m512bh)_mm512_set1_epi32(xr[0]));
+      acc_odd[m] = _mm512_dpbf16_ps(acc_odd[m], w1, (__m512bh)_mm512_set1_epi32(xr[1]));
     }
   }
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_add_ps(acc[m], acc_odd[m]);
   for (int m = 0; m < MB; ++m)
     _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(acc[m]));
 }
@@ -154,8 +169,164 @@ torch::Tensor bf16_matmul(const torch::Tensor& x, const torch::Tensor& packed) {
   return out;
 }
 
+// Decode attention over a paged bf16 cache: one query row per sequence, read in place.
+// q [S, H, D]; k_cache, v_cache [blocks, block_size, Hkv, D]; block_tables [S, W] int32;
+// seq_lens [S] int64. Query head h reads KV head h / (H / Hkv). Scores, softmax and the
+// weighted sum in float32, rounded once to bf16; window > 0 keeps the last `window` keys.
+AVX512BF16 void decode_head(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                            const int32_t* table, int64_t first, int64_t len, int64_t bs,
+                            int64_t row_stride, int64_t D, float scale, float* scores,
+                            uint16_t* out) {
+  const int64_t n = len - first;
+  float peak = -INFINITY;
+  for (int64_t t = first; t < len; ++t) {  // scores: q . k_t, D / 32 dot products a key
+    const int64_t slot = (int64_t)table[t / bs] * bs + t % bs;
+    const uint16_t* kt = k + slot * row_stride;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 32)
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512((const void*)(q + d)),
+                             (__m512bh)_mm512_loadu_si512((const void*)(kt + d)));
+    const float sc = _mm512_reduce_add_ps(acc) * scale;
+    scores[t - first] = sc;
+    peak = std::max(peak, sc);
+  }
+  float total = 0.f;
+  for (int64_t i = 0; i < n; ++i) total += (scores[i] = std::exp(scores[i] - peak));
+  __m512 o[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                 _mm512_setzero_ps()};  // D <= 64 outputs in float32
+  for (int64_t t = first; t < len; ++t) {
+    const int64_t slot = (int64_t)table[t / bs] * bs + t % bs;
+    const uint16_t* vt = v + slot * row_stride;
+    const __m512 p = _mm512_set1_ps(scores[t - first]);
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 vd = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(vt + d))), 16));
+      o[d / 16] = _mm512_fmadd_ps(p, vd, o[d / 16]);
+    }
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / total);
+  for (int64_t d = 0; d < D; d += 16)
+    _mm256_storeu_si256((__m256i*)(out + d),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(o[d / 16], inv)));
+}
+
+torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache,
+                                     const torch::Tensor& block_tables,
+                                     const torch::Tensor& seq_lens, double scale,
+                                     int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kBFloat16 && q.is_contiguous(),
+              "q must be a contiguous [S, heads, head_dim] bfloat16 tensor");
+  TORCH_CHECK(k_cache.scalar_type() == torch::kBFloat16 && k_cache.is_contiguous() &&
+              v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
+              "the caches must be contiguous bfloat16 [blocks, block_size, kv_heads, D]");
+  const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK(D % 32 == 0 && D <= 64 && k_cache.size(3) == D && H % Hkv == 0,
+              "head_dim must be 32 or 64, heads a multiple of the KV heads");
+  auto tables = block_tables.to(torch::kInt32).contiguous();
+  auto lens = seq_lens.to(torch::kInt64).contiguous();
+  TORCH_CHECK(tables.size(0) >= S && lens.size(0) >= S, "a table and a length per query");
+  auto out = torch::empty_like(q);
+  const int64_t W = tables.size(1), group = H / Hkv;
+  const uint16_t* qp = (const uint16_t*)q.data_ptr();
+  const uint16_t* kp = (const uint16_t*)k_cache.data_ptr();
+  const uint16_t* vp = (const uint16_t*)v_cache.data_ptr();
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  uint16_t* op = (uint16_t*)out.data_ptr();
+  at::parallel_for(0, S * H, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t s = i / H, h = i % H, len = lp[s];
+      TORCH_CHECK(len >= 1 && len <= W * bs, "sequence ", s, " has length ", len,
+                  "; its block table holds ", W * bs, " positions");
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      scores.resize(len - first);
+      decode_head(qp + i * D, kp + (h / group) * D, vp + (h / group) * D, tp + s * W,
+                  first, len, bs, Hkv * D, D, (float)scale, scores.data(), op + i * D);
+    }
+  });
+  return out;
+}
+
+// RMSNorm of bf16 rows with the twin's roundings (reference/ops/layernorm.py): the residual
+// sum rounded to bf16, the norm in float32, normed rounded to bf16, then times the weight,
+// rounded again. One pass over a row where the twin runs ten operators.
+AVX512BF16 static inline __m512 widen(__m256i bits) {  // 16 bf16 -> 16 float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+AVX512BF16 static inline __m256i narrow(__m512 v) {  // 16 float32 -> 16 bf16, nearest even
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
+
+AVX512BF16 static void rms_norm_rows(const uint16_t* x, const uint16_t* residual,
+                                     const uint16_t* weight, float eps, int64_t T,
+                                     int64_t hidden, uint16_t* normed, uint16_t* sum) {
+  for (int64_t t = 0; t < T; ++t) {
+    const uint16_t* xr = x + t * hidden;
+    uint16_t* sr = residual ? sum + t * hidden : nullptr;  // x + residual
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hidden; d += 16) {
+      __m256i bits = _mm256_loadu_si256((const __m256i*)(xr + d));
+      if (residual) {
+        bits = narrow(_mm512_add_ps(widen(bits), widen(_mm256_loadu_si256(
+            (const __m256i*)(residual + t * hidden + d)))));
+        _mm256_storeu_si256((__m256i*)(sr + d), bits);
+      }
+      const __m512 v = widen(bits);
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const float r = 1.f / std::sqrt(_mm512_reduce_add_ps(squares) / hidden + eps);
+    const uint16_t* src = residual ? sr : xr;
+    for (int64_t d = 0; d < hidden; d += 16) {
+      const __m512 n = widen(narrow(_mm512_mul_ps(
+          widen(_mm256_loadu_si256((const __m256i*)(src + d))), _mm512_set1_ps(r))));
+      const __m512 w = widen(_mm256_loadu_si256((const __m256i*)(weight + d)));
+      _mm256_storeu_si256((__m256i*)(normed + t * hidden + d), narrow(_mm512_mul_ps(n, w)));
+    }
+  }
+}
+
+// x, residual [T, hidden] bf16, weight [hidden] bf16 -> (normed, x + residual)
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x,
+                                                      const torch::Tensor& residual,
+                                                      const torch::Tensor& weight,
+                                                      double eps) {
+  const int64_t hidden = x.size(-1), T = x.numel() / hidden;
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() &&
+              residual.sizes() == x.sizes() && residual.is_contiguous() &&
+              residual.scalar_type() == torch::kBFloat16 &&
+              weight.scalar_type() == torch::kBFloat16 && weight.numel() == hidden &&
+              hidden % 16 == 0, "add_rms_norm takes contiguous bf16 rows of 16k values");
+  auto normed = torch::empty_like(x), sum = torch::empty_like(x);
+  rms_norm_rows((const uint16_t*)x.data_ptr(), (const uint16_t*)residual.data_ptr(),
+                (const uint16_t*)weight.data_ptr(), (float)eps, T, hidden,
+                (uint16_t*)normed.data_ptr(), (uint16_t*)sum.data_ptr());
+  return {normed, sum};
+}
+
+// x [T, hidden] bf16 -> normed (the new residual is x itself)
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const int64_t hidden = x.size(-1), T = x.numel() / hidden;
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() &&
+              weight.scalar_type() == torch::kBFloat16 && weight.numel() == hidden &&
+              hidden % 16 == 0, "rms_norm takes contiguous bf16 rows of 16k values");
+  auto normed = torch::empty_like(x);
+  rms_norm_rows((const uint16_t*)x.data_ptr(), nullptr, (const uint16_t*)weight.data_ptr(),
+                (float)eps, T, hidden, (uint16_t*)normed.data_ptr(), nullptr);
+  return normed;
+}
+
+// torch operators (torch.ops.pagedllm_cpu.*): the profiler names them, as it names aten's
+TORCH_LIBRARY(pagedllm_cpu, m) {
+  m.def("int4_matmul", &int4_matmul);
+  m.def("bf16_matmul", &bf16_matmul);
+  m.def("paged_decode_attention", &paged_decode_attention);
+  m.def("add_rms_norm", &add_rms_norm);
+  m.def("rms_norm", &rms_norm);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has AVX-512 BF16");
-  m.def("int4_matmul", &int4_matmul, "x [M, K] bf16 times packed int4 groups -> [M, N] bf16");
-  m.def("bf16_matmul", &bf16_matmul, "x [M, K] bf16 times a packed bf16 weight -> [M, N] bf16");
 }

@@ -1,0 +1,80 @@
+"""The optimized tier's own CPU kernels (``optimized/csrc/cpu_matmul.cpp``) against the twins:
+paged decode attention against the reference's definition, RMSNorm against the twin's
+roundings. (The matrix products are held to the twin in ``tests/engine/test_weight_quant.py``.)
+
+They run where the CPU has AVX-512 BF16 (this project's machines do); elsewhere they skip, and
+the tier uses the torch path these tests also cover.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagedllm.optimized.cpu_matmul import cpu_kernels
+from pagedllm.optimized.cpu_matmul import rms_norm as cpu_rms_norm
+from pagedllm.reference.ops import paged_attention, rms_norm
+
+kernels = cpu_kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="no AVX-512 BF16, or no build")
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK, BLOCKS = 6, 2, 64, 4, 32
+
+
+def poisoned_pool(seq_lens, seed=0):
+    """bf16 K/V pools whose every slot outside the sequences is NaN, and scattered tables."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.full((BLOCKS, BLOCK, KV_HEADS, HEAD_DIM), float("nan"), dtype=torch.bfloat16)
+    v = k.clone()
+    order = torch.randperm(BLOCKS, generator=g).tolist()
+    tables = []
+    for n in seq_lens:
+        blocks = [order.pop() for _ in range(-(-n // BLOCK))]
+        for t in range(n):
+            b, o = blocks[t // BLOCK], t % BLOCK
+            k[b, o] = torch.randn(KV_HEADS, HEAD_DIM, generator=g).bfloat16()
+            v[b, o] = torch.randn(KV_HEADS, HEAD_DIM, generator=g).bfloat16()
+        tables.append(blocks)
+    width = max(map(len, tables))
+    # padding entries point at block 0, which may belong to another sequence: never read
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    return k, v, table
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("seq_lens", [[1], [1, 4, 5, 13, 9], [17, 2]])
+def test_decode_attention_reads_the_blocks_in_place_as_the_definition(seq_lens, window):
+    """One query per sequence: a single token, exactly one block, one past, several."""
+    k, v, table = poisoned_pool(seq_lens)
+    q = torch.randn(len(seq_lens), HEADS, HEAD_DIM).bfloat16()
+    lens = torch.tensor(seq_lens)
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    want = paged_attention(q.float(), k.float(), v.float(), table, lens, starts, 0.125,
+                           window)  # [S, heads, hd] float32
+    got = kernels.paged_decode_attention(q, k, v, table, lens, 0.125, window or 0)
+    assert got.dtype == torch.bfloat16 and not got.isnan().any()
+    # float32 sums in another order, rounded once to bf16
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=2**-7)
+
+
+def test_decode_attention_refuses_a_length_its_table_cannot_hold():
+    k, v, table = poisoned_pool([5])  # two blocks: eight positions
+    q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
+    with pytest.raises(RuntimeError, match="has length 9; its block table holds 8"):
+        kernels.paged_decode_attention(q, k, v, table, torch.tensor([9]), 0.125, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), hidden=st.sampled_from([16, 64, 576]),
+       scale=st.floats(1e-3, 1e3), residual=st.booleans(), seed=st.integers(0, 2**16))
+def test_rms_norm_makes_the_twins_roundings(rows, hidden, scale, residual, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, hidden, generator=g) * scale).bfloat16()
+    w = torch.randn(hidden, generator=g).bfloat16()
+    r = (torch.randn(rows, hidden, generator=g) * scale).bfloat16() if residual else None
+    normed, new_residual = cpu_rms_norm(x, w, 1e-5, r)
+    want_normed, want_residual = rms_norm(x, w, 1e-5, r)
+    assert torch.equal(new_residual, want_residual)
+    # the same roundings; the float32 sum of squares may end in another last bit, which
+    # moves an output by at most one bf16 step
+    torch.testing.assert_close(normed.float(), want_normed.float(), rtol=2**-7, atol=0)
