@@ -36,7 +36,7 @@ from pagedllm.kernels.rotary import rotary as triton_rotary
 from pagedllm.reference.model import PagedAttention
 from pagedllm.reference.ops import dequantize_kv, kv_cache_format
 
-from .cpu_matmul import cpu_kernels
+from .cpu_ops import cpu_kernels, rotary_with_tables
 
 
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
@@ -230,7 +230,7 @@ class PlannedAttention(PagedAttention):
     (``rotary_tables``) where the op recomputes them in each layer.
 
     A step of decodes only, over an unquantized bf16 cache, needs no plan where the CPU has
-    AVX-512 BF16: our kernel (``csrc/cpu_matmul.cpp``, ``paged_decode_attention``) reads
+    AVX-512 BF16: our kernel (``csrc/cpu_ops.cpp``, ``paged_decode_attention``) reads
     each sequence's keys and values in place through its block table, with no gather, no
     padding and no mask, in float32 (scores, softmax, sum) and rounds once to bf16."""
 
@@ -251,7 +251,9 @@ class PlannedAttention(PagedAttention):
         if key not in self.rope:
             self.rope[key] = rotary_tables(positions, inv_freq, q.dtype)
         cos, sin = self.rope[key]
-        return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        # bf16 on AVX-512 BF16: the same roundings in one pass for q and k
+        rotated = rotary_with_tables(q, k, cos, sin) if q.dtype == torch.bfloat16 else None
+        return rotated or (rotate_half(q, cos, sin), rotate_half(k, cos, sin))
 
     def read(self, layer, q, scale, sliding_window=None):
         md = self.metadata

@@ -27,13 +27,15 @@ import torch
 from pagedllm.kernels.paged_attention import paged_attention as triton_paged_attention
 from pagedllm.kernels.rms_norm import rms_norm as triton_rms_norm
 from pagedllm.kernels.runtime import interpreting
+from pagedllm.kernels.store_kv import store_kv as triton_store_kv
 from pagedllm.reference.engine.model_runner import ModelRunner as ReferenceModelRunner
 from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
 from .attention import PlannedAttention
-from .cpu_matmul import cpu_kernels
-from .cpu_matmul import rms_norm as cpu_rms_norm
+from .cpu_ops import cpu_kernels
+from .cpu_ops import rms_norm as cpu_rms_norm
+from .cpu_ops import store_kv as cpu_store_kv
 from .kv_sizing import profile_num_blocks
 from .layers import merge_projections, transpose_linears
 from .quant_layers import pack_linears_for_cpu, triton_quantized_linears
@@ -75,11 +77,14 @@ class ModelRunner(ReferenceModelRunner):
         else:  # CUDA, or the kernels under the interpreter
             model = triton_quantized_linears(model)
         super().__init__(model, config)
-        if (on_cpu and not interpreting() and config.dtype == torch.bfloat16
-                and self.backend.rms_norm is triton_rms_norm and cpu_kernels()):
-            # the tier's own norm (not one swapped in) as one pass a row: without Triton it
-            # would be the twin's ten operators
-            self.backend = replace(self.backend, rms_norm=cpu_rms_norm)
+        if on_cpu and not interpreting() and config.dtype == torch.bfloat16 and cpu_kernels():
+            # The tier's own ops (not ones swapped in), which without Triton would run
+            # their twins, as one pass each: the norm's ten operators, the K/V write's
+            # check and two indexed copies.
+            if self.backend.rms_norm is triton_rms_norm:
+                self.backend = replace(self.backend, rms_norm=cpu_rms_norm)
+            if self.backend.store_kv is triton_store_kv:
+                self.backend = replace(self.backend, store_kv=cpu_store_kv)
         sc = config.scheduler_config
         self.config = config
         self.device = next(self.model.parameters()).device

@@ -10,7 +10,7 @@ the runner swaps them in only for a bf16/fp16 model (quantization's default dtyp
 the twin otherwise.
 
 Where the CPU has AVX-512 BF16, a bf16 model's products run on the project's own kernel
-instead (``cpu_matmul.py``): int4 groups 2x torch's int4 kernel at one row and at 16, and
+instead (``cpu_ops.py``): int4 groups 2x torch's int4 kernel at one row and at 16, and
 float bf16 weights (the LM head above all) 2-3x oneDNN's at one row. int8 keeps torch's
 kernel. A tied LM head's packed table also serves the input embedding: one copy, as before.
 
@@ -26,7 +26,7 @@ from torch import nn
 from pagedllm.kernels.quant_linear import quant_linear
 from pagedllm.reference.model.quantization import QuantizedLinear, decoder_stack
 
-from .cpu_matmul import cpu_kernels, pack_bf16, pack_int4, packable, unpack_bf16_rows
+from .cpu_ops import cpu_kernels, pack_bf16, pack_int4, packable, unpack_bf16_rows
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -63,14 +63,14 @@ class Int4PackedLinear(nn.Module):
 
 
 class PackedInt4Linear(nn.Module):
-    """int4 groups on our kernel: the codes become bf16 in the registers (csrc/cpu_matmul.cpp)."""
+    """int4 groups on our kernel: the codes become bf16 in the registers (csrc/cpu_ops.cpp)."""
 
     def __init__(self, layer: QuantizedLinear, kernels):
         super().__init__()
         packed, scales, zeros = pack_int4(layer.quantized)
         self.register_buffer("packed", packed)  # [out / 16, in / 4, 32] uint8
-        self.register_buffer("scales", scales)  # [out / 16, G, 16] float32
-        self.register_buffer("zeros", zeros)  # [out / 16, G, 16]: zero - 136 scale
+        self.register_buffer("scales", scales)  # [out / 16, G, 16] bf16
+        self.register_buffer("zeros", zeros)  # [out / 16, G, 16] bf16
         self.group_size, self.bias, self.kernels = layer.quantized.group_size, layer.bias, kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The optimized tier's own CPU kernels (``optimized/csrc/cpu_matmul.cpp``) against the twins:
-paged decode attention against the reference's definition, RMSNorm against the twin's
-roundings. (The matrix products are held to the twin in ``tests/engine/test_weight_quant.py``.)
+"""The optimized tier's own CPU kernels (``optimized/csrc/cpu_ops.cpp``) against the twins:
+paged decode attention against the reference's definition, RMSNorm, the K/V write and rotary
+against the twins' results. (The matrix products are held to the twin in
+``tests/engine/test_weight_quant.py``.)
 
 They run where the CPU has AVX-512 BF16 (this project's machines do); elsewhere they skip, and
 the tier uses the torch path these tests also cover.
@@ -11,9 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedllm.optimized.cpu_matmul import cpu_kernels
-from pagedllm.optimized.cpu_matmul import rms_norm as cpu_rms_norm
-from pagedllm.reference.ops import paged_attention, rms_norm
+from pagedllm.optimized.attention import rotary_tables, rotate_half
+from pagedllm.optimized.cpu_ops import cpu_kernels, rotary_with_tables
+from pagedllm.optimized.cpu_ops import rms_norm as cpu_rms_norm
+from pagedllm.optimized.cpu_ops import store_kv as cpu_store_kv
+from pagedllm.reference.ops import paged_attention, rms_norm, store_kv
 
 kernels = cpu_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="no AVX-512 BF16, or no build")
@@ -78,3 +81,35 @@ def test_rms_norm_makes_the_twins_roundings(rows, hidden, scale, residual, seed)
     # the same roundings; the float32 sum of squares may end in another last bit, which
     # moves an output by at most one bf16 step
     torch.testing.assert_close(normed.float(), want_normed.float(), rtol=2**-7, atol=0)
+
+
+def merged_views(tokens, seed=0):
+    """K and V as the merged QKV product's views: rows of another stride, heads contiguous."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=g).bfloat16()
+    q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+    return (q.view(tokens, HEADS, HEAD_DIM), k.view(tokens, KV_HEADS, HEAD_DIM),
+            v.view(tokens, KV_HEADS, HEAD_DIM))
+
+
+def test_store_kv_writes_what_the_twin_writes_and_skips_padding():
+    _, k, v = merged_views(5)
+    slots = torch.tensor([7, -1, 0, 127, 12])  # a padding row, the first and the last slot
+    caches = [torch.zeros(BLOCKS, BLOCK, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+              for _ in range(4)]
+    cpu_store_kv(k, v, caches[0], caches[1], slots)
+    store_kv(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    with pytest.raises(RuntimeError, match="slot 128 is outside the cache's 128 slots"):
+        cpu_store_kv(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 128]))
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_rotary_is_rotate_half_bit_for_bit(tokens):
+    q, k, _ = merged_views(tokens, seed=tokens)
+    positions = torch.arange(100, 100 + tokens)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+    cos, sin = rotary_tables(positions, inv_freq, torch.bfloat16)
+    got_q, got_k = rotary_with_tables(q, k, cos, sin)
+    assert torch.equal(got_q, rotate_half(q, cos, sin))
+    assert torch.equal(got_k, rotate_half(k, cos, sin))

@@ -17,7 +17,7 @@ def test_normal_install_from_a_wheel(tmp_path):
     for pkg in PACKAGES:
         assert f"pagedllm/{pkg}/__init__.py" in names
     assert "pagedllm/reference/model/loader.py" in names
-    assert "pagedllm/optimized/csrc/cpu_matmul.cpp" in names  # the CPU kernel builds from it
+    assert "pagedllm/optimized/csrc/cpu_ops.cpp" in names  # the CPU kernel builds from it
     assert not any(n.startswith(("tests/", "reference/", "kernels/")) for n in names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",

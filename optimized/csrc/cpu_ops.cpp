@@ -1,17 +1,21 @@
-// Few-row matrix products for a CPU with AVX-512 BF16: x [M, K] bf16 times a weight held
-// as int4 codes with a scale and zero point per group (W4A16) or as bf16, -> [M, N] bf16.
+// The optimized tier's CPU kernels for bf16 on AVX-512 BF16 (cpu_ops.py says why each):
+// few-row matrix products, decode attention over the paged cache, RMSNorm, the K/V write
+// and rotary, registered as torch operators (torch.ops.pagedllm_cpu.*).
 //
-// A decode step multiplies a few rows by every weight, so it is as fast as the weights can
-// be read. The codes become bf16 inside the registers, never written back as a float
-// weight, and are multiplied with vdpbf16ps: per 32-bit lane, two bf16 products added to a
-// float32 accumulator. A 512-bit register then holds 16 outputs x 2 inputs, the layout the
-// weights are packed in (cpu_matmul.py): per block of 16 outputs, the inputs in pairs.
+// The products: x [M, K] bf16 times a weight held as int4 codes with a scale and zero
+// point per group (W4A16) or as bf16, -> [M, N] bf16. A decode step multiplies a few rows
+// by every weight, so it is as fast as the weights can be read. The codes become bf16
+// inside the registers, never written back as a float weight, and are multiplied with
+// vdpbf16ps: per 32-bit lane, two bf16 products added to a float32 accumulator. A 512-bit
+// register then holds 16 outputs x 2 inputs, the layout the weights are packed in
+// (cpu_ops.py): per block of 16 outputs, the inputs in pairs.
 //
 // int4 codes q in [0, 15] stand for (q - 8) s + z in their group. 0x4300 | q is the bf16
 // bit pattern of 128 + q (bf16 keeps 7 mantissa bits), so one OR turns a code into a bf16
 // number, and a group's products sum to D = sum x (128 + q). With X = sum x over the group,
 //     sum x w = s sum x q + (z - 8 s) X = s D + (z - 136 s) X,
-// so the packer stores z - 136 s and the kernel adds X times it: two FMAs a group.
+// so the kernel adds X (z - 136 s) to s D: three FMAs a group. Scales and zero points stay
+// in bf16, as the twin stores them.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -30,15 +34,15 @@ namespace {
 // MB rows x 16 outputs of the int4 product; xs holds each row's sum over each group.
 template <int MB>
 AVX512BF16 void int4_tile(const uint16_t* x, int64_t K, const uint8_t* w,
-                          const float* scale, const float* zero, const float* xs,
+                          const uint16_t* scale, const uint16_t* zero, const float* xs,
                           int64_t G, int64_t gs, uint16_t* out, int64_t N) {
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi16(0x000F);
   const __m512i bf16_128 = _mm512_set1_epi16(0x4300);
   for (int64_t g = 0; g < G; ++g) {
-    // A few rows: two sums a row (low and high nibbles), so that a product waits only for
-    // every other one. Eight rows keep the registers busy with one sum a row.
+    // A few rows: two sums a row (low and high nibbles), so that a product waits only
+    // for every other one. Eight rows keep the registers busy with one sum a row.
     constexpr bool split = MB <= 4;
     __m512 dot[MB], dot_hi[MB];
     for (int m = 0; m < MB; ++m) dot[m] = dot_hi[m] = _mm512_setzero_ps();
@@ -57,8 +61,12 @@ AVX512BF16 void int4_tile(const uint16_t* x, int64_t K, const uint8_t* w,
         sum_hi = _mm512_dpbf16_ps(sum_hi, hi, (__m512bh)_mm512_set1_epi32(xr[1]));
       }
     }
-    const __m512 s = _mm512_loadu_ps(scale + g * 16);
-    const __m512 z = _mm512_loadu_ps(zero + g * 16);
+    const __m512 s = _mm512_cvtpbh_ps(
+        (__m256bh)_mm256_loadu_si256((const __m256i*)(scale + g * 16)));
+    const __m512 z = _mm512_fmadd_ps(  // z - 136 s
+        _mm512_set1_ps(-136.f), s,
+        _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(zero + g * 16)))
+    );
     for (int m = 0; m < MB; ++m) {
       const __m512 d = split ? _mm512_add_ps(dot[m], dot_hi[m]) : dot[m];
       acc[m] = _mm512_fmadd_ps(d, s, acc[m]);
@@ -102,7 +110,7 @@ void check_x(const torch::Tensor& x, int64_t K) {
 
 bool supported() { return __builtin_cpu_supports("avx512bf16"); }
 
-// packed [N/16, K/4, 32] uint8; scales, zeros [N/16, G, 16] float32 (zeros hold z - 136 s)
+// packed [N/16, K/4, 32] uint8; scales, zeros [N/16, G, 16] bf16
 torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
                           const torch::Tensor& scales, const torch::Tensor& zeros,
                           int64_t group_size) {
@@ -124,8 +132,10 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
       xs[m * G + g] = sum;
     }
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* zp = zeros.data_ptr<float>();
+  TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && zeros.scalar_type() ==
+              torch::kBFloat16, "int4 scales and zero points are bf16");
+  const uint16_t* sp = (const uint16_t*)scales.data_ptr();
+  const uint16_t* zp = (const uint16_t*)zeros.data_ptr();
   uint16_t* op = (uint16_t*)out.data_ptr();
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb)
@@ -133,7 +143,7 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
         const uint16_t* xm = xp + m0 * K;
         const float* xsm = xs.data() + m0 * G;
         const uint8_t* w = wp + nb * K * 8;
-        const float *s = sp + nb * G * 16, *z = zp + nb * G * 16;
+        const uint16_t *s = sp + nb * G * 16, *z = zp + nb * G * 16;
         uint16_t* o = op + m0 * N + nb * 16;
         switch (std::min(kRows, M - m0)) {
 #define TILE(R) case R: int4_tile<R>(xm, K, w, s, z, xsm, G, group_size, o, N); break;
@@ -318,6 +328,70 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return normed;
 }
 
+// The step's new K and V rows at their slots, for an unquantized bf16 cache: k, v
+// [T, kv_heads, D] (rows of any stride, each row's heads contiguous), caches
+// [blocks, block_size, kv_heads, D], slot_mapping [T] int64 (-1: padding, not stored).
+void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& k_cache,
+              torch::Tensor& v_cache, const torch::Tensor& slot_mapping) {
+  const int64_t T = k.size(0), row = k.size(1) * k.size(2);
+  const int64_t slots = k_cache.size(0) * k_cache.size(1);
+  TORCH_CHECK(k.scalar_type() == torch::kBFloat16 && v.scalar_type() == torch::kBFloat16 &&
+              k_cache.scalar_type() == torch::kBFloat16 && k_cache.is_contiguous() &&
+              v_cache.is_contiguous() && k.stride(2) == 1 && v.stride(2) == 1 &&
+              k.stride(1) == k.size(2) && v.stride(1) == v.size(2) &&
+              k_cache.size(2) * k_cache.size(3) == row && v.sizes() == k.sizes(),
+              "store_kv takes bf16 rows of [kv_heads, head_dim] and contiguous bf16 caches");
+  auto sm = slot_mapping.to(torch::kInt64).contiguous();
+  const int64_t* sp = sm.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = sp[t];
+    if (slot < 0) continue;
+    TORCH_CHECK(slot < slots, "slot ", slot, " is outside the cache's ", slots, " slots");
+    std::memcpy((uint16_t*)k_cache.data_ptr() + slot * row,
+                (const uint16_t*)k.data_ptr() + t * k.stride(0), row * 2);
+    std::memcpy((uint16_t*)v_cache.data_ptr() + slot * row,
+                (const uint16_t*)v.data_ptr() + t * v.stride(0), row * 2);
+  }
+}
+
+// Rotary with the step's tables (optimized/attention.py rotary_tables): x [T, heads, D]
+// -> x * cos + roll(x, D / 2) * sin, each product and the sum rounded to bf16 as torch's
+// three bf16 operators round them. cos, sin [T, 1, D] bf16 contiguous.
+AVX512BF16 static torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
+                                       const torch::Tensor& sin) {
+  const int64_t T = x.size(0), H = x.size(1), D = x.size(2), half = D / 2;
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.stride(2) == 1 &&
+              x.stride(1) == D && D % 32 == 0 && cos.is_contiguous() && sin.is_contiguous(),
+              "rotary takes bf16 rows of heads of 32k values and contiguous tables");
+  auto out = torch::empty({T, H, D}, x.options());
+  const uint16_t* xp = (const uint16_t*)x.data_ptr();
+  const uint16_t* cp = (const uint16_t*)cos.data_ptr();
+  const uint16_t* sp = (const uint16_t*)sin.data_ptr();
+  uint16_t* op = (uint16_t*)out.data_ptr();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const uint16_t* xr = xp + t * x.stride(0) + h * D;
+      for (int64_t d = 0; d < D; d += 16) {
+        const int64_t r = (d + half) % D;  // roll by half: element d reads d - half
+        const __m512 a = widen(narrow(_mm512_mul_ps(
+            widen(_mm256_loadu_si256((const __m256i*)(xr + d))),
+            widen(_mm256_loadu_si256((const __m256i*)(cp + t * D + d))))));
+        const __m512 b = widen(narrow(_mm512_mul_ps(
+            widen(_mm256_loadu_si256((const __m256i*)(xr + r))),
+            widen(_mm256_loadu_si256((const __m256i*)(sp + t * D + d))))));
+        _mm256_storeu_si256((__m256i*)(op + (t * H + h) * D + d),
+                            narrow(_mm512_add_ps(a, b)));
+      }
+    }
+  return out;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& cos,
+                                                const torch::Tensor& sin) {
+  return {rotate(q, cos, sin), rotate(k, cos, sin)};
+}
+
 // torch operators (torch.ops.pagedllm_cpu.*): the profiler names them, as it names aten's
 TORCH_LIBRARY(pagedllm_cpu, m) {
   m.def("int4_matmul", &int4_matmul);
@@ -325,6 +399,9 @@ TORCH_LIBRARY(pagedllm_cpu, m) {
   m.def("paged_decode_attention", &paged_decode_attention);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("rms_norm", &rms_norm);
+  m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping) -> ()", &store_kv);
+  m.def("rotary", &rotary);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,0 +1,138 @@
+"""The optimized tier's own CPU kernels (``csrc/cpu_ops.cpp``), for bf16 on AVX-512 BF16.
+
+Without Triton (a CPU, no interpreter) the tier's ops fall back to their torch twins, and
+torch's kernels for a decode step's shapes were the measured limit (lesson 18):
+
+- **products**: torch's int4 kernel reads its codes at about 1.2 GB/s at 16 rows on this
+  project's CPU (AMD EPYC, AVX-512 BF16, no AMX), slower than bf16 ``F.linear`` on four times
+  the bytes, and oneDNN's bf16 product of one row reads about 6 GB/s of a 24-30 GB/s memory.
+  ``int4_matmul`` turns the codes into bf16 inside the registers and multiplies with
+  ``vdpbf16ps``; ``bf16_matmul`` is the same loop on bf16 weights (the LM head above all).
+- **the small ops of a layer**: RMSNorm (ten operators in the twin), the K/V write (a check
+  and two indexed copies), rotary (three), and a decode step's attention (a gather of the
+  blocks, a mask, two batched products and a softmax: ``paged_decode_attention`` reads the
+  blocks in place). Each is one pass with the twin's roundings, or in float32 where the
+  comment says so.
+
+Built on first use with torch's extension builder (a C++ compiler and ninja; about 30 s, then
+cached) and used only where the CPU has AVX-512 BF16: elsewhere, or where the build fails,
+``cpu_kernels()`` says why once and the tier keeps torch's kernels and the twins.
+
+The products' packed layouts: for each block of 16 outputs, the inputs in pairs, so that one
+512-bit register holds 16 outputs x 2 inputs (32 bf16), the operand of one ``vdpbf16ps``.
+- bf16: ``[N / 16, K / 2, 16, 2]`` (a reshuffle of ``W [N, K]``, the same bytes).
+- int4: ``[N / 16, K / 4, 32]`` bytes: byte ``2n + j`` of a 32-byte run holds the codes of
+  output n, inputs ``4i + j`` (low nibble) and ``4i + 2 + j`` (high nibble); the scales and
+  zero points in bf16, ``[N / 16, K / group, 16]``: the twin's bytes, reordered.
+"""
+
+import functools
+import logging
+import os
+
+import torch
+
+from pagedllm.reference.ops import rms_norm as rms_norm_reference
+from pagedllm.reference.ops import store_kv as store_kv_reference
+from pagedllm.reference.ops.weight_quant import QuantizedWeight
+
+log = logging.getLogger(__name__)
+SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "cpu_ops.cpp")
+
+
+@functools.cache
+def cpu_kernels():
+    """The kernels' operators (``torch.ops.pagedllm_cpu``), or None where this CPU or machine
+    cannot run them (logged once)."""
+    try:
+        from torch.utils.cpp_extension import load
+        ext = load("pagedllm_cpu_ops", [SOURCE], extra_cflags=["-O3"], verbose=False)
+    except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels instead
+        log.warning("pagedllm: the CPU matmul kernel did not build (%s: %s); using torch's "
+                    "kernels", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
+    if not ext.supported():
+        log.info("pagedllm: this CPU has no AVX-512 BF16; using torch's kernels")
+        return None
+    return torch.ops.pagedllm_cpu  # registered when the extension loaded
+
+
+def packable(out_features: int, in_features: int) -> bool:
+    return out_features % 16 == 0 and in_features % 4 == 0
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] bf16 -> [N / 16, K / 2, 16, 2]: per block of 16 outputs, the inputs in pairs."""
+    n, k = weight.shape
+    return weight.reshape(n // 16, 16, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def unpack_bf16_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of W [N, K] read from its packed form: an embedding tied to a packed LM head."""
+    nb, k2, _, _ = packed.shape
+    return packed[rows // 16, :, rows % 16, :].reshape(*rows.shape, k2 * 2)  # [..., K]
+
+
+def pack_int4(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The twin's int4 codes, scales and zero points in the kernel's layout."""
+    n, k = qw.shape
+    codes = torch.stack([qw.qweight & 0xF, qw.qweight >> 4], dim=-1).view(n, k)  # [N, K]
+    # [N/16, 16 outputs, K/4, 2 (low: inputs 4i, 4i+1 | high: 4i+2, 4i+3), 2 (j)]
+    codes = codes.view(n // 16, 16, k // 4, 2, 2).permute(0, 2, 3, 1, 4)  # [nb, K/4, 2, 16, 2]
+    low, high = codes[:, :, 0].reshape(n // 16, k // 4, 32), codes[:, :, 1].reshape(
+        n // 16, k // 4, 32)
+    packed = (low | (high << 4)).contiguous()  # [N/16, K/4, 32] uint8
+    groups = k // qw.group_size
+
+    def per_block(t):  # [N, G] -> [N/16, G, 16] bf16
+        return t.to(torch.bfloat16).view(n // 16, 16, groups).transpose(1, 2).contiguous()
+
+    return packed, per_block(qw.scales), per_block(qw.zeros)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin's ``rms_norm`` (same arguments, same roundings) in one pass a row, for bf16
+    rows and weight; any other input goes to the twin."""
+    kernels = cpu_kernels()
+    if (kernels is None or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16
+            or x.shape[-1] % 16 or (residual is not None and (
+                residual.shape != x.shape or residual.dtype != x.dtype))):
+        return rms_norm_reference(x, weight, eps, residual)
+    if residual is None:
+        return kernels.rms_norm(x.contiguous(), weight, eps), x  # the new residual is x
+    return kernels.add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
+
+
+def _head_rows(x: torch.Tensor) -> bool:
+    """[T, heads, head_dim] bf16 whose rows hold their heads contiguously (any row stride:
+    the K and V of a merged QKV product are views of it)."""
+    return (x.dtype == torch.bfloat16 and x.dim() == 3 and x.stride(2) == 1
+            and x.stride(1) == x.shape[2])
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
+             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+    """The twin's ``store_kv``: a row copy per token for an unquantized bf16 cache (a slot
+    outside the cache is refused, as the twin's indexing refuses it); any other format or
+    layout goes to the twin."""
+    kernels = cpu_kernels()
+    if (kernels is None or kv_cache_dtype != "auto" or k_cache.dtype != torch.bfloat16
+            or not (_head_rows(k) and _head_rows(v) and k_cache.is_contiguous()
+                    and v_cache.is_contiguous())):
+        return store_kv_reference(k, v, k_cache, v_cache, slot_mapping, kv_cache_dtype,
+                                  k_scale, v_scale)
+    kernels.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def rotary_with_tables(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``rotate_half`` of q and k (optimized/attention.py) in one pass, bit for bit, for
+    bf16 heads of 32k values; None where the kernel does not apply."""
+    if not (_head_rows(q) and _head_rows(k) and q.shape[2] % 32 == 0
+            and cos.dtype == torch.bfloat16):
+        return None
+    kernels = cpu_kernels()
+    return None if kernels is None else kernels.rotary(q, k, cos.contiguous(),
+                                                       sin.contiguous())
