@@ -291,33 +291,40 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
     return results
 
 
+BATCHED = 16  # the single-sequence table's second column: this many sequences together
+
+
 def single_sequence(ckpt: Path, work, max_len: int, precisions) -> dict:
     """Decode speed of one sequence alone (the latency a single local user sees): ours, the
-    optimized tier, at each precision, and llama.cpp on the GGUF file, in this run. Each
-    generates from the workload's first prompt; the rate is the decode's, the prompt's time
-    left out: (n - 1) tokens over the time of n tokens minus the time of one."""
+    optimized tier, at each precision, and llama.cpp on the GGUF file, in this run; and ours
+    with BATCHED copies of the sequence decoding together. Each generates from the
+    workload's first prompt; the rate is the decode's, the prompt's time left out:
+    (n - 1) tokens a sequence over the time of n tokens minus the time of one."""
     prompt, n = work[0][0], 129
     out = {}
     for precision in precisions:
         weights = {"dtype": precision} if precision in ("float32", "bfloat16") else \
             {"quantization": precision}
         try:
-            llm = OptimizedLLM(ckpt, max_num_seqs=1, max_model_len=max_len, **weights)
+            llm = OptimizedLLM(ckpt, max_num_seqs=BATCHED, max_model_len=max_len, **weights)
         except ValueError as err:  # e.g. gguf for a folder not converted from a file
             out[f"optimized#{precision}"] = {"ok": False, "error": str(err)}
             continue
 
-        def timed(llm, count):
+        def timed(llm, count, copies=1):
             params = SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
             with Clock() as clock:
-                llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+                llm.generate([{"prompt_token_ids": prompt}] * copies, params, use_tqdm=False)
             return clock
 
         timed(llm, 4)  # warm-up
         one, full = timed(llm, 1), timed(llm, n)
+        one_b, full_b = timed(llm, 1, BATCHED), timed(llm, n, BATCHED)
         out[f"optimized#{precision}"] = {
             "ok": True, "decode_tokens_per_s": (n - 1) / (full.wall - one.wall),
-            "decode_tokens_per_cpu_s": (n - 1) / (full.cpu - one.cpu)}
+            "decode_tokens_per_cpu_s": (n - 1) / (full.cpu - one.cpu),
+            "batched_decode_tokens_per_s": BATCHED * (n - 1) / (full_b.wall - one_b.wall),
+            "batched_decode_tokens_per_cpu_s": BATCHED * (n - 1) / (full_b.cpu - one_b.cpu)}
         del llm
     res, _ = attempt(functools.partial(llama_cpp, [(prompt, n)], converted_from(ckpt),
                                        max_len=max_len, threads=torch.get_num_threads(),
@@ -329,18 +336,25 @@ def single_sequence(ckpt: Path, work, max_len: int, precisions) -> dict:
 
 
 def print_single(single: dict) -> None:
-    print(f"\n{'one sequence alone, decode':50}{'tok/s':>8}{'tok/CPU-s':>10}{'x llama.cpp':>12}")
+    print(f"\n{'one sequence alone, decode':50}{'tok/s':>8}{'tok/CPU-s':>10}{'x llama.cpp':>12}"
+          f"{f'{BATCHED} seqs tok/s':>16}{'x llama.cpp':>12}")
     base = single.get("llama_cpp", {})
     for name, res in single.items():
         if not res.get("ok"):
             print(f"{label_of(name):50}{'n/a':>8}  ({res['error'][:100]})")
             continue
-        ratio = res["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base.get("ok") \
-            else None
+
+        def ratio(rate):
+            return f"{rate / base['decode_tokens_per_s']:.2f}x" if base.get("ok") else ""
         cpu = res.get("decode_tokens_per_cpu_s")
+        batched = res.get("batched_decode_tokens_per_s")
         print(f"{label_of(name):50}{res['decode_tokens_per_s']:8.1f}"
               f"{'' if cpu is None else f'{cpu:.1f}':>10}"
-              f"{'' if ratio is None else f'{ratio:.2f}x':>12}")
+              f"{ratio(res['decode_tokens_per_s']):>12}"
+              f"{'' if batched is None else f'{batched:.1f}':>16}"
+              f"{'' if batched is None else ratio(batched):>12}")
+    print(f"{BATCHED} seqs: {BATCHED} copies of the prompt decoding together, the tokens of all "
+          f"per second; x llama.cpp: against llama.cpp's one sequence")
 
 
 def label_of(name: str) -> str:

@@ -229,10 +229,10 @@ class PlannedAttention(PagedAttention):
     the same positions, so the step's backend rotates with cos/sin computed once
     (``rotary_tables``) where the op recomputes them in each layer.
 
-    A step of decodes only, over an unquantized bf16 cache, needs no plan where the CPU has
-    AVX-512 BF16: our kernel (``csrc/cpu_ops.cpp``, ``paged_decode_attention``) reads
-    each sequence's keys and values in place through its block table, with no gather, no
-    padding and no mask, in float32 (scores, softmax, sum) and rounds once to bf16."""
+    A step of decodes only, over an unquantized bf16 cache, needs no plan where the CPU
+    has AVX-512 BF16: our kernel (``csrc/cpu_ops.cpp``, ``paged_decode_attention``)
+    reads each sequence's keys and values in place through its block table, with no
+    gather, no padding and no mask, in float32 (scores, softmax, sum), rounded once."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -252,7 +252,8 @@ class PlannedAttention(PagedAttention):
             self.rope[key] = rotary_tables(positions, inv_freq, q.dtype)
         cos, sin = self.rope[key]
         # bf16 on AVX-512 BF16: the same roundings in one pass for q and k
-        rotated = rotary_with_tables(q, k, cos, sin) if q.dtype == torch.bfloat16 else None
+        bf16 = q.dtype == torch.bfloat16
+        rotated = rotary_with_tables(q, k, cos, sin) if bf16 else None
         return rotated or (rotate_half(q, cos, sin), rotate_half(k, cos, sin))
 
     def read(self, layer, q, scale, sliding_window=None):
@@ -262,8 +263,8 @@ class PlannedAttention(PagedAttention):
                 and q.shape[-1] in (32, 64) and q.shape[0] == md.seq_lens_cpu.numel()
                 and not self.quant.args(layer) and (kernels := cpu_kernels())):
             return kernels.paged_decode_attention(  # [S, heads, head_dim]
-                q.contiguous(), k_cache, v_cache, md.block_tables, md.seq_lens_cpu, scale,
-                sliding_window or 0)
+                q.contiguous(), k_cache, v_cache, md.block_tables, md.seq_lens_cpu,
+                scale, sliding_window or 0)
         if sliding_window not in self.plans:
             self.plans[sliding_window] = plan_attention(
                 md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu,
