@@ -20,12 +20,11 @@ the weight bytes each way reads per step over that time.
 import argparse
 import json
 import statistics
-import sys
-import time
 from pathlib import Path
 
 import torch
 
+from pagedllm.benchmarks.linear_layout import seconds
 from pagedllm.optimized.cpu_ops import cpu_kernels
 from pagedllm.optimized.layers import merge_projections
 from pagedllm.optimized.quant_layers import Int4PackedLinear, PackedBF16Linear, PackedInt4Linear
@@ -41,17 +40,6 @@ def step_weights(model_dir) -> list[tuple[str, torch.Tensor]]:
     model = merge_projections(load_model(model_dir, dtype=torch.bfloat16))
     return [(name, m.weight.detach()) for name, m in model.named_modules()
             if isinstance(m, torch.nn.Linear)]
-
-
-def seconds(fn, calls: int, repeats: int) -> list[float]:
-    fn()  # warm-up
-    runs = []
-    for _ in range(repeats):
-        start = time.thread_time()
-        for _ in range(calls):
-            fn()
-        runs.append((time.thread_time() - start) / calls)
-    return runs
 
 
 def main(argv=None) -> dict:
@@ -112,4 +100,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main() and 0)
+    main()
