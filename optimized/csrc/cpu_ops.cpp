@@ -116,6 +116,10 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
                           int64_t group_size) {
   const int64_t NB = packed.size(0), K = packed.size(1) * 4, N = NB * 16, G = K / group_size;
   check_x(x, K);
+  TORCH_CHECK(group_size % 4 == 0 && K % group_size == 0 && scales.numel() == NB * G * 16 &&
+              zeros.numel() == NB * G * 16 && packed.is_contiguous() &&
+              scales.is_contiguous() && zeros.is_contiguous(),
+              "int4_matmul takes cpu_ops.pack_int4's tensors");
   const int64_t M = x.size(0);
   auto out = torch::empty({M, N}, x.options());
   const uint16_t* xp = (const uint16_t*)x.data_ptr();
@@ -159,6 +163,7 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
 torch::Tensor bf16_matmul(const torch::Tensor& x, const torch::Tensor& packed) {
   const int64_t NB = packed.size(0), K = packed.size(1) * 2, N = NB * 16;
   check_x(x, K);
+  TORCH_CHECK(K % 4 == 0 && packed.is_contiguous(), "bf16_matmul takes cpu_ops.pack_bf16's");
   const int64_t M = x.size(0);
   auto out = torch::empty({M, N}, x.options());
   const uint16_t* xp = (const uint16_t*)x.data_ptr();
@@ -231,7 +236,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
               v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
               "the caches must be contiguous bfloat16 [blocks, block_size, kv_heads, D]");
   const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
+  const int64_t blocks = k_cache.size(0), bs = k_cache.size(1), Hkv = k_cache.size(2);
   TORCH_CHECK(D % 32 == 0 && D <= 64 && k_cache.size(3) == D && H % Hkv == 0,
               "head_dim must be 32 or 64, heads a multiple of the KV heads");
   auto tables = block_tables.to(torch::kInt32).contiguous();
@@ -252,6 +257,9 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
       TORCH_CHECK(len >= 1 && len <= W * bs, "sequence ", s, " has length ", len,
                   "; its block table holds ", W * bs, " positions");
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      for (int64_t b = first / bs; b <= (len - 1) / bs; ++b)  // reads stay inside the cache
+        TORCH_CHECK(tp[s * W + b] >= 0 && tp[s * W + b] < blocks, "sequence ", s,
+                    "'s block table names block ", tp[s * W + b], " of ", blocks);
       scores.resize(len - first);
       decode_head(qp + i * D, kp + (h / group) * D, vp + (h / group) * D, tp + s * W,
                   first, len, bs, Hkv * D, D, (float)scale, scores.data(), op + i * D);
@@ -339,7 +347,9 @@ void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& k_c
               k_cache.scalar_type() == torch::kBFloat16 && k_cache.is_contiguous() &&
               v_cache.is_contiguous() && k.stride(2) == 1 && v.stride(2) == 1 &&
               k.stride(1) == k.size(2) && v.stride(1) == v.size(2) &&
-              k_cache.size(2) * k_cache.size(3) == row && v.sizes() == k.sizes(),
+              k_cache.size(2) * k_cache.size(3) == row && v.sizes() == k.sizes() &&
+              v_cache.sizes() == k_cache.sizes() &&
+              v_cache.scalar_type() == torch::kBFloat16 && slot_mapping.numel() == T,
               "store_kv takes bf16 rows of [kv_heads, head_dim] and contiguous bf16 caches");
   auto sm = slot_mapping.to(torch::kInt64).contiguous();
   const int64_t* sp = sm.data_ptr<int64_t>();
@@ -361,7 +371,9 @@ AVX512BF16 static torch::Tensor rotate(const torch::Tensor& x, const torch::Tens
                                        const torch::Tensor& sin) {
   const int64_t T = x.size(0), H = x.size(1), D = x.size(2), half = D / 2;
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.stride(2) == 1 &&
-              x.stride(1) == D && D % 32 == 0 && cos.is_contiguous() && sin.is_contiguous(),
+              x.stride(1) == D && D % 32 == 0 && cos.is_contiguous() && sin.is_contiguous() &&
+              cos.scalar_type() == torch::kBFloat16 && sin.scalar_type() == torch::kBFloat16 &&
+              cos.numel() == T * D && sin.numel() == T * D,
               "rotary takes bf16 rows of heads of 32k values and contiguous tables");
   auto out = torch::empty({T, H, D}, x.options());
   const uint16_t* xp = (const uint16_t*)x.data_ptr();

@@ -60,11 +60,14 @@ def test_decode_attention_reads_the_blocks_in_place_as_the_definition(seq_lens, 
     torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=2**-7)
 
 
-def test_decode_attention_refuses_a_length_its_table_cannot_hold():
+def test_decode_attention_refuses_a_length_or_block_outside_the_cache():
     k, v, table = poisoned_pool([5])  # two blocks: eight positions
     q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
     with pytest.raises(RuntimeError, match="has length 9; its block table holds 8"):
         kernels.paged_decode_attention(q, k, v, table, torch.tensor([9]), 0.125, 0)
+    table[0, 1] = BLOCKS  # one past the pool
+    with pytest.raises(RuntimeError, match=f"names block {BLOCKS} of {BLOCKS}"):
+        kernels.paged_decode_attention(q, k, v, table, torch.tensor([5]), 0.125, 0)
 
 
 @settings(max_examples=40, deadline=None)
