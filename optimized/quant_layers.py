@@ -10,9 +10,10 @@ the runner swaps them in only for a bf16/fp16 model (quantization's default dtyp
 the twin otherwise.
 
 Where the CPU has AVX-512 BF16, a bf16 model's products run on the project's own kernel
-instead (``cpu_ops.py``): int4 groups 2x torch's int4 kernel at one row and at 16, and
-float bf16 weights (the LM head above all) 2-3x oneDNN's at one row. int8 keeps torch's
-kernel. A tied LM head's packed table also serves the input embedding: one copy, as before.
+instead (``cpu_ops.py``): on SmolLM2's step, int4 groups 1.4x torch's int4 kernel at one
+row, 1.6x at 16 and 2x at 64, and bf16 weights (the LM head above all) 3x oneDNN's at one row
+(``benchmarks/cpu_kernels.py``). int8 keeps torch's kernel. A tied LM head's packed table
+also serves the input embedding: one copy, as before.
 
 The twin's layout (``reference/ops/weight_quant.py``) is the kernels': int8 codes with a scale
 per row, int4 codes with ``(q - 8) * scale + zero`` per group, scales and zeros in the model's
