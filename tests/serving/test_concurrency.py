@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -56,6 +57,31 @@ def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
     metrics = server.app.state.metrics
     aborted_before = metrics.finished["abort"]._value.get()
     decoded_before = wait_until_idle(server)["decode_tokens"]
+
+    def pace(*_):
+        # A tiny-model step takes about a millisecond, and the engine thread holding the GIL
+        # through back-to-back steps can starve the event loop that notices the hang-up: on
+        # a loaded 2-core runner the 900 tokens were done first (twice in CI). 20 ms a step,
+        # asleep without the GIL, bounds the race by steps: the disconnect must be seen
+        # within 300 of them (6 s), as the last assertion says.
+        time.sleep(0.02)
+
+    engine.engine.add_step_observer(pace)
+    try:
+        _disconnect_mid_stream(server, engine)
+    finally:
+        engine.engine.step_observers.remove(pace)
+    stats = wait_until_idle(server)
+    assert stats["blocks_used"] == 0, stats
+    wait_for(lambda: metrics.finished["abort"]._value.get() > aborted_before,
+             "the abort of the request whose client left")
+    assert metrics.finished["abort"]._value.get() == aborted_before + 1
+    # it was stopped long before its 900 tokens: the engine decoded far fewer in all
+    assert stats["decode_tokens"] - decoded_before < 300
+
+
+def _disconnect_mid_stream(server, engine) -> None:
+    """Start a 900-token stream, read three events, hang up; three short requests go on."""
     long = {"model": MODEL, "prompt": "The for statement is used to", "max_tokens": 900,
             "ignore_eos": True, "stream": True}
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
@@ -72,10 +98,3 @@ def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
         others = [client.completions.create(model=MODEL, prompt="Return a list of the",
                                             max_tokens=8, temperature=0) for _ in range(3)]
     assert all(o.choices[0].text for o in others)
-    stats = wait_until_idle(server)
-    assert stats["blocks_used"] == 0, stats
-    wait_for(lambda: metrics.finished["abort"]._value.get() > aborted_before,
-             "the abort of the request whose client left")
-    assert metrics.finished["abort"]._value.get() == aborted_before + 1
-    # it was stopped long before its 900 tokens: the engine decoded far fewer in all
-    assert stats["decode_tokens"] - decoded_before < 300
