@@ -353,10 +353,11 @@ void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& k_c
               "store_kv takes bf16 rows of [kv_heads, head_dim] and contiguous bf16 caches");
   auto sm = slot_mapping.to(torch::kInt64).contiguous();
   const int64_t* sp = sm.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)  // every slot first: a refused step writes nothing
+    TORCH_CHECK(sp[t] < slots, "slot ", sp[t], " is outside the cache's ", slots, " slots");
   for (int64_t t = 0; t < T; ++t) {
     const int64_t slot = sp[t];
     if (slot < 0) continue;
-    TORCH_CHECK(slot < slots, "slot ", slot, " is outside the cache's ", slots, " slots");
     std::memcpy((uint16_t*)k_cache.data_ptr() + slot * row,
                 (const uint16_t*)k.data_ptr() + t * k.stride(0), row * 2);
     std::memcpy((uint16_t*)v_cache.data_ptr() + slot * row,

@@ -103,8 +103,10 @@ def test_store_kv_writes_what_the_twin_writes_and_skips_padding():
     cpu_store_kv(k, v, caches[0], caches[1], slots)
     store_kv(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    before = caches[0].clone()
     with pytest.raises(RuntimeError, match="slot 128 is outside the cache's 128 slots"):
-        cpu_store_kv(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 128]))
+        cpu_store_kv(k, v, caches[0], caches[1], torch.tensor([20, 21, 22, 23, 128]))
+    assert torch.equal(caches[0], before)  # refused whole, as the twin's indexing refuses
 
 
 @pytest.mark.parametrize("tokens", [1, 7])
