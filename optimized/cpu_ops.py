@@ -21,6 +21,9 @@ cached) and used only where the CPU has AVX-512 BF16: elsewhere, or where the bu
 The products' packed layouts: for each block of 16 outputs, the inputs in pairs, so that one
 512-bit register holds 16 outputs x 2 inputs (32 bf16), the operand of one ``vdpbf16ps``.
 - bf16: ``[N / 16, K / 2, 16, 2]`` (a reshuffle of ``W [N, K]``, the same bytes).
+- int8: ``[N / 16, K / 4, 16, 4]`` codes, four inputs of an output in a 32-bit lane (the
+  operand of one VNNI ``vpdpbusd``); the scale per output in float32 and the sum of each
+  output's codes in int32, ``[N]``.
 - int4: ``[N / 16, K / 4, 32]`` bytes: byte ``2n + j`` of a 32-byte run holds the codes of
   output n, inputs ``4i + j`` (low nibble) and ``4i + 2 + j`` (high nibble); the scales and
   zero points in bf16, ``[N / 16, K / group, 16]``: the twin's bytes, reordered.
@@ -37,28 +40,35 @@ from pagedllm.reference.ops import store_kv as store_kv_reference
 from pagedllm.reference.ops.weight_quant import QuantizedWeight
 
 log = logging.getLogger(__name__)
-SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "cpu_ops.cpp")
+SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name)
+           for name in ("cpu_ops.cpp", "decode_step.cpp")]
 
 
 @functools.cache
-def cpu_kernels():
-    """The kernels' operators (``torch.ops.pagedllm_cpu``), or None where this CPU or machine
-    cannot run them (logged once)."""
+def cpu_extension():
+    """The built extension module (its ``DecodeStack`` among others), or None where this CPU
+    or machine cannot run it (logged once)."""
     try:
         from torch.utils.cpp_extension import load
-        ext = load("pagedllm_cpu_ops", [SOURCE], extra_cflags=["-O3"], verbose=False)
+        ext = load("pagedllm_cpu_ops", SOURCES, extra_cflags=["-O3"], verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels instead
-        log.warning("pagedllm: the CPU matmul kernel did not build (%s: %s); using torch's "
+        log.warning("pagedllm: the CPU kernels did not build (%s: %s); using torch's "
                     "kernels", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None
     if not ext.supported():
-        log.info("pagedllm: this CPU has no AVX-512 BF16; using torch's kernels")
+        log.info("pagedllm: this CPU has no AVX-512 BF16 and VNNI; using torch's kernels")
         return None
-    return torch.ops.pagedllm_cpu  # registered when the extension loaded
+    return ext
+
+
+def cpu_kernels():
+    """The kernels' operators (``torch.ops.pagedllm_cpu``), or None where this CPU or machine
+    cannot run them."""
+    return None if cpu_extension() is None else torch.ops.pagedllm_cpu
 
 
 def packable(out_features: int, in_features: int) -> bool:
-    return out_features % 16 == 0 and in_features % 4 == 0
+    return out_features % 16 == 0 and in_features % 16 == 0
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -71,6 +81,14 @@ def unpack_bf16_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Rows of W [N, K] read from its packed form: an embedding tied to a packed LM head."""
     nb, k2, _, _ = packed.shape
     return packed[rows // 16, :, rows % 16, :].reshape(*rows.shape, k2 * 2)  # [..., K]
+
+
+def pack_int8(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The twin's int8 codes in the kernel's layout, its scales in float32 (exactly) and each
+    output's sum of codes (the kernel's correction for its unsigned top plane)."""
+    n, k = qw.shape
+    packed = qw.qweight.reshape(n // 16, 16, k // 4, 4).transpose(1, 2).contiguous()
+    return packed, qw.scales.float(), qw.qweight.sum(dim=1, dtype=torch.int32)
 
 
 def pack_int4(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -36,6 +36,7 @@ from .attention import PlannedAttention
 from .cpu_ops import cpu_kernels
 from .cpu_ops import rms_norm as cpu_rms_norm
 from .cpu_ops import store_kv as cpu_store_kv
+from .decode_step import DecodeStep
 from .kv_sizing import profile_num_blocks
 from .layers import merge_projections, transpose_linears
 from .quant_layers import pack_linears_for_cpu, triton_quantized_linears
@@ -85,6 +86,11 @@ class ModelRunner(ReferenceModelRunner):
                 self.backend = replace(self.backend, rms_norm=cpu_rms_norm)
             if self.backend.store_kv is triton_store_kv:
                 self.backend = replace(self.backend, store_kv=cpu_store_kv)
+        # A decode step's layers in one C++ call where it can (decode_step.py): the CPU's
+        # counterpart of the CUDA graphs below, and like them off with enforce_eager.
+        self.decode_step = DecodeStep.build(self.model, self.backend, config.dtype) \
+            if on_cpu and not interpreting() and not config.enforce_eager \
+            and config.tensor_parallel_size == 1 else None
         sc = config.scheduler_config
         self.config = config
         self.device = next(self.model.parameters()).device
@@ -180,8 +186,11 @@ class ModelRunner(ReferenceModelRunner):
             return self._replay(inputs, T)
         self._load(inputs, T, B)
         md = self._metadata(inputs, T, B, inputs.attn_metadata.block_tables.shape[1])
-        return self.model(self.input_ids[:T], self.positions[:T], self._context(md),
-                          logits_indices=inputs.logits_indices)  # [S, vocab]
+        ctx = self._context(md)
+        forward = self.decode_step if self.decode_step and self.decode_step.runs(ctx) \
+            else self.model
+        return forward(self.input_ids[:T], self.positions[:T], ctx,
+                       logits_indices=inputs.logits_indices)  # [S, vocab]
 
     def _replay(self, inputs: StepInputs, batch: int) -> torch.Tensor:
         """A decode step (one row per sequence) through the next captured size's graph."""

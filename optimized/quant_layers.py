@@ -27,7 +27,7 @@ from torch import nn
 from pagedllm.kernels.quant_linear import quant_linear
 from pagedllm.reference.model.quantization import QuantizedLinear, decoder_stack
 
-from .cpu_ops import cpu_kernels, pack_bf16, pack_int4, packable, unpack_bf16_rows
+from .cpu_ops import cpu_kernels, pack_bf16, pack_int4, pack_int8, packable, unpack_bf16_rows
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -77,6 +77,24 @@ class PackedInt4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.kernels.int4_matmul(x.contiguous(), self.packed, self.scales, self.zeros,
                                        self.group_size)  # [T, out]
+        return out if self.bias is None else out + self.bias
+
+
+class PackedInt8Linear(nn.Module):
+    """int8 rows on our kernel: the codes multiplied as they are stored (VNNI), the activations
+    as 24-bit integers (csrc/cpu_ops.cpp int8_tile)."""
+
+    def __init__(self, layer: QuantizedLinear, kernels):
+        super().__init__()
+        packed, scales, qsum = pack_int8(layer.quantized)
+        self.register_buffer("packed", packed)  # [out / 16, in / 4, 16, 4] int8
+        self.register_buffer("scales", scales)  # [out] float32, the twin's, exactly
+        self.register_buffer("qsum", qsum)  # [out] int32
+        self.bias, self.kernels = layer.bias, kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.kernels.int8_matmul(x.contiguous(), self.packed, self.scales,
+                                       self.qsum)  # [T, out]
         return out if self.bias is None else out + self.bias
 
 
@@ -137,11 +155,14 @@ def pack_linears_for_cpu(model: nn.Module, dtype: torch.dtype) -> nn.Module:
         for name, child in parent.named_children():
             if isinstance(child, QuantizedLinear):
                 q = child.quantized
-                if kernels and q.scheme == "int4" and packable(*q.shape):
-                    setattr(parent, name, PackedInt4Linear(child, kernels))
-                else:
-                    packed = Int8PackedLinear if q.scheme == "int8" else Int4PackedLinear
-                    setattr(parent, name, packed(child, dtype))
+                own = {"int8": PackedInt8Linear, "int4": PackedInt4Linear}[q.scheme]
+                if kernels and packable(*q.shape):
+                    setattr(parent, name, own(child, kernels))
+                elif q.scheme == "int8":
+                    setattr(parent, name, Int8PackedLinear(child, dtype))
+                elif packable(*q.shape):  # torch's int4 packing takes 16 outputs at a time
+                    setattr(parent, name, Int4PackedLinear(child, dtype))
+                # else: the twin, which takes any shape
             elif isinstance(child, nn.Linear) and kernels and packable(*child.weight.shape):
                 setattr(parent, name, PackedBF16Linear(child, kernels))
     if tied and isinstance(model.lm_head, PackedBF16Linear):

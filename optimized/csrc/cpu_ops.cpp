@@ -16,7 +16,8 @@
 //     sum x w = s sum x q + (z - 8 s) X = s D + (z - 136 s) X,
 // so the kernel adds X (z - 136 s) to s D: three FMAs a group. Scales and zero points stay
 // in bf16, as the twin stores them.
-#include <torch/extension.h>
+#include "cpu_ops.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -26,9 +27,17 @@
 #include <cstring>
 #include <vector>
 
-#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+#define AVX512BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,fma")))
 
 namespace {
+
+AVX512BF16 static inline __m512 widen(__m256i bits) {  // 16 bf16 -> 16 float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+AVX512BF16 static inline __m256i narrow(__m512 v) {  // 16 float32 -> 16 bf16, nearest even
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
 
 // --8<-- [start:int4_tile]
 // MB rows x 16 outputs of the int4 product; xs holds each row's sum over each group.
@@ -98,6 +107,96 @@ AVX512BF16 void bf16_tile(const uint16_t* x, int64_t K, const uint16_t* w, uint1
     _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(acc[m]));
 }
 
+// --8<-- [start:int8_tile]
+// MB rows x 16 outputs of the int8 product (W8A16) on VNNI: vpdpbusd multiplies 4 unsigned
+// bytes by 4 signed bytes per 32-bit lane and adds the 4 products to an int32. The codes are
+// the signed bytes, as stored, four inputs of one output a lane; the rows are the unsigned
+// bytes: each row is written as 24-bit integers X = x 2^(23 - e) (2^e above the row's
+// largest |x|) cut into three byte planes, X = A0 + 2^8 A1 + 2^16 (A2 - 128). A bf16 number
+// has 8 significant bits, so every x within 2^16 of the row's largest is an integer there,
+// exactly; smaller ones are rounded by at most 2^(e - 24), as a float32 sum would round them.
+// So sum q X = P0 + 2^8 P1 + 2^16 (P2 - 128 sum q): three int32 sums, no conversion of a
+// code at all, and y = s 2^(e - 23) sum q X, rounded once to bf16.
+template <int MB>
+AVX512BF16 void int8_tile(const uint8_t* planes, int64_t K, const int8_t* w,
+                          const float* scale, const int32_t* qsum, const float* row_scale,
+                          uint16_t* out, int64_t N) {
+  constexpr int C = MB <= 2 ? 2 : 1;  // sums a plane: one or two rows keep more in flight
+  __m512i acc[MB][3][C];
+  for (int m = 0; m < MB; ++m)
+    for (int p = 0; p < 3; ++p)
+      for (int c = 0; c < C; ++c) acc[m][p][c] = _mm512_setzero_si512();
+  // inputs k..k+3 (16 outputs x 4 codes) into the c-th sums of every row and plane
+#define INT8_STEP(k, c)                                                                  \
+  {                                                                                      \
+    const __m512i wk = _mm512_loadu_si512((const void*)(w + (k) * 16));                \
+    for (int m = 0; m < MB; ++m)                                                         \
+      for (int p = 0; p < 3; ++p)                                                        \
+        acc[m][p][c] = _mm512_dpbusd_epi32(                                              \
+            acc[m][p][c], _mm512_set1_epi32(*(const int32_t*)(planes + (m * 3 + p) * K + (k))), \
+            wk);                                                                         \
+  }
+  int64_t k = 0;
+  for (; k + 4 * C <= K; k += 4 * C)
+    for (int c = 0; c < C; ++c) INT8_STEP(k + 4 * c, c)
+  for (; k < K; k += 4) INT8_STEP(k, 0)
+#undef INT8_STEP
+  const __m512 s = _mm512_loadu_ps(scale);
+  const __m512i q128 = _mm512_slli_epi32(_mm512_loadu_si512((const void*)qsum), 7);
+  for (int m = 0; m < MB; ++m) {
+    __m512i p0 = acc[m][0][0], p1 = acc[m][1][0], p2 = acc[m][2][0];
+    for (int c = 1; c < C; ++c) {
+      p0 = _mm512_add_epi32(p0, acc[m][0][c]);
+      p1 = _mm512_add_epi32(p1, acc[m][1][c]);
+      p2 = _mm512_add_epi32(p2, acc[m][2][c]);
+    }
+    __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(p2, q128));  // P2 - 128 sum q
+    sum = _mm512_fmadd_ps(sum, _mm512_set1_ps(256.f), _mm512_cvtepi32_ps(p1));
+    sum = _mm512_fmadd_ps(sum, _mm512_set1_ps(256.f), _mm512_cvtepi32_ps(p0));
+    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(sum, s), _mm512_set1_ps(row_scale[m]));
+    _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(y));
+  }
+}
+// --8<-- [end:int8_tile]
+
+// Four or more rows: vpdpbusd takes two cycles on this CPU (AMD Zen 4) and each row needs
+// three, so from four rows on it is cheaper to turn the codes into bf16 once (exact: eight
+// bits) and multiply every row with vdpbf16ps, as int4_tile does. From the same layout:
+// lane n holds the codes of output n for inputs k..k+3, c_j = its byte j sign-extended,
+// and the two bf16 operands are (c_0, c_1) and (c_2, c_3), each a float32's top half.
+AVX512BF16 static inline void int8_lane_pairs(__m512i lane, __m512bh* p01, __m512bh* p23) {
+  const __m512 c0 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(lane, 24), 24));
+  const __m512 c1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(lane, 16), 24));
+  const __m512 c2 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(lane, 8), 24));
+  const __m512 c3 = _mm512_cvtepi32_ps(_mm512_srai_epi32(lane, 24));
+  const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+  // low half: c_even's top 16 bits; high half: c_odd's (imm 0xF8: A | (B & C))
+  *p01 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(c0), 16),
+                                             _mm512_castps_si512(c1), high, 0xF8);
+  *p23 = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(c2), 16),
+                                             _mm512_castps_si512(c3), high, 0xF8);
+}
+
+template <int MB>
+AVX512BF16 void int8_bf16_tile(const uint16_t* x, int64_t K, const int8_t* w,
+                               const float* scale, uint16_t* out, int64_t N) {
+  __m512 acc[MB], acc_odd[MB];  // inputs (k, k+1) and (k+2, k+3): two sums a row
+  for (int m = 0; m < MB; ++m) acc[m] = acc_odd[m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 4) {
+    __m512bh p01, p23;
+    int8_lane_pairs(_mm512_loadu_si512((const void*)(w + k * 16)), &p01, &p23);
+    for (int m = 0; m < MB; ++m) {
+      const int32_t* xr = (const int32_t*)(x + m * K + k);
+      acc[m] = _mm512_dpbf16_ps(acc[m], p01, (__m512bh)_mm512_set1_epi32(xr[0]));
+      acc_odd[m] = _mm512_dpbf16_ps(acc_odd[m], p23, (__m512bh)_mm512_set1_epi32(xr[1]));
+    }
+  }
+  const __m512 s = _mm512_loadu_ps(scale);
+  for (int m = 0; m < MB; ++m)
+    _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(
+        _mm512_mul_ps(_mm512_add_ps(acc[m], acc_odd[m]), s)));
+}
+
 constexpr int64_t kRows = 8;  // rows a tile keeps in registers: 2 x 8 accumulators of 16 floats
 
 void check_x(const torch::Tensor& x, int64_t K) {
@@ -108,7 +207,9 @@ void check_x(const torch::Tensor& x, int64_t K) {
 
 }  // namespace
 
-bool supported() { return __builtin_cpu_supports("avx512bf16"); }
+bool supported() {
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+}
 
 // packed [N/16, K/4, 32] uint8; scales, zeros [N/16, G, 16] bf16
 torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
@@ -159,11 +260,93 @@ torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
   return out;
 }
 
+// Each row as int8_tile's three byte planes [3, K] and its scale 2^(e - 23). A row with a
+// value that is not finite gives NaN outputs (the planes cannot hold it). K % 16 == 0.
+AVX512BF16 static void int8_planes(const uint16_t* x, int64_t M, int64_t K, uint8_t* planes,
+                                   float* row_scale) {
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t* xr = x + m * K;
+    __m512 peak = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (int64_t k = 0; k < K; k += 16) {  // max |x|, and whether any is NaN
+      const __m512 v = widen(_mm256_loadu_si256((const __m256i*)(xr + k)));
+      peak = _mm512_max_ps(peak, _mm512_abs_ps(v));
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    const float top = _mm512_reduce_max_ps(peak);
+    const bool finite = !nan && std::isfinite(top);
+    int e = 0;
+    std::frexp(finite ? top : 0.f, &e);  // top < 2^e
+    row_scale[m] = finite ? std::ldexp(1.f, e - 23) : NAN;
+    const __m512 up = _mm512_set1_ps(finite ? std::ldexp(1.f, 23 - e) : 0.f);
+    uint8_t* a = planes + m * 3 * K;
+    for (int64_t k = 0; k < K; k += 16) {  // X = x 2^(23 - e), |X| < 2^23, nearest even
+      const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(
+          widen(_mm256_loadu_si256((const __m256i*)(xr + k))), up));
+      _mm_storeu_si128((__m128i*)(a + k), _mm512_cvtepi32_epi8(X));  // low byte
+      _mm_storeu_si128((__m128i*)(a + K + k), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X, 8)));
+      _mm_storeu_si128((__m128i*)(a + 2 * K + k), _mm512_cvtepi32_epi8(
+          _mm512_add_epi32(_mm512_srai_epi32(X, 16), _mm512_set1_epi32(128))));
+    }
+  }
+}
+
+// packed [N/16, K/4, 64] int8 (16 outputs x 4 inputs); scales [N] float32; qsum [N] int32
+torch::Tensor int8_matmul(const torch::Tensor& x, const torch::Tensor& packed,
+                          const torch::Tensor& scales, const torch::Tensor& qsum) {
+  const int64_t NB = packed.size(0), K = packed.size(1) * 4, N = NB * 16;
+  check_x(x, K);
+  TORCH_CHECK(K % 16 == 0 && packed.is_contiguous() && packed.scalar_type() == torch::kInt8 &&
+              scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
+              scales.numel() == N && qsum.scalar_type() == torch::kInt32 &&
+              qsum.is_contiguous() && qsum.numel() == N,
+              "int8_matmul takes cpu_ops.pack_int8's codes, float32 scales and int32 sums");
+  const int64_t M = x.size(0);
+  auto out = torch::empty({M, N}, x.options());
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  uint16_t* op = (uint16_t*)out.data_ptr();
+  if (M >= 4) {  // the codes as bf16, every row on vdpbf16ps
+    const uint16_t* xp = (const uint16_t*)x.data_ptr();
+    at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t nb = b0; nb < b1; ++nb)
+        for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+          const int8_t* w = wp + nb * K * 16;
+          uint16_t* o = op + m0 * N + nb * 16;
+          switch (std::min(kRows, M - m0)) {
+#define TILE(R) case R: int8_bf16_tile<R>(xp + m0 * K, K, w, sp + nb * 16, o, N); break;
+            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
+#undef TILE
+          }
+        }
+    });
+    return out;
+  }
+  std::vector<uint8_t> planes(M * 3 * K);  // one to three rows: VNNI on the codes as stored
+  std::vector<float> row_scale(M);
+  int8_planes((const uint16_t*)x.data_ptr(), M, K, planes.data(), row_scale.data());
+  const int32_t* qp = qsum.data_ptr<int32_t>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      const int8_t* w = wp + nb * K * 16;
+      switch (M) {
+#define TILE(R) \
+  case R: int8_tile<R>(planes.data(), K, w, sp + nb * 16, qp + nb * 16, row_scale.data(), \
+                       op + nb * 16, N); break;
+        TILE(1) TILE(2) TILE(3)
+#undef TILE
+      }
+    }
+  });
+  return out;
+}
+
 // packed [N/16, K/2, 32] bf16
 torch::Tensor bf16_matmul(const torch::Tensor& x, const torch::Tensor& packed) {
   const int64_t NB = packed.size(0), K = packed.size(1) * 2, N = NB * 16;
   check_x(x, K);
-  TORCH_CHECK(K % 4 == 0 && packed.is_contiguous(), "bf16_matmul takes cpu_ops.pack_bf16's");
+  TORCH_CHECK(K % 4 == 0 && packed.is_contiguous(),
+              "bf16_matmul takes cpu_ops.pack_bf16's weight");
   const int64_t M = x.size(0);
   auto out = torch::empty({M, N}, x.options());
   const uint16_t* xp = (const uint16_t*)x.data_ptr();
@@ -188,35 +371,64 @@ torch::Tensor bf16_matmul(const torch::Tensor& x, const torch::Tensor& packed) {
 // q [S, H, D]; k_cache, v_cache [blocks, block_size, Hkv, D]; block_tables [S, W] int32;
 // seq_lens [S] int64. Query head h reads KV head h / (H / Hkv). Scores, softmax and the
 // weighted sum in float32, rounded once to bf16; window > 0 keeps the last `window` keys.
+// e^x for x <= 0, 16 at a time: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
+// polynomial to r^6 (relative error under 2^-22, below the bf16 rounding of the result),
+// times 2^n. Below -87 the result is 0 (as float32's e^x underflows there).
+AVX512BF16 static inline __m512 exp_neg(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln 2 in two parts
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})  // Horner
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
 AVX512BF16 void decode_head(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                             const int32_t* table, int64_t first, int64_t len, int64_t bs,
                             int64_t row_stride, int64_t D, float scale, float* scores,
                             uint16_t* out) {
   const int64_t n = len - first;
-  float peak = -INFINITY;
-  for (int64_t t = first; t < len; ++t) {  // scores: q . k_t, D / 32 dot products a key
-    const int64_t slot = (int64_t)table[t / bs] * bs + t % bs;
-    const uint16_t* kt = k + slot * row_stride;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 32)
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512((const void*)(q + d)),
-                             (__m512bh)_mm512_loadu_si512((const void*)(kt + d)));
-    const float sc = _mm512_reduce_add_ps(acc) * scale;
-    scores[t - first] = sc;
-    peak = std::max(peak, sc);
+  // scores: q . k_t, D / 32 dot products a key, walking the table a block at a time
+  __m512 peak16 = _mm512_set1_ps(-INFINITY);
+  for (int64_t t = first; t < len;) {
+    const int64_t b = t / bs, end = std::min(len, (b + 1) * bs);
+    const int64_t base = (int64_t)table[b] * bs - b * bs;  // slot of position t: base + t
+    for (; t < end; ++t) {
+      const uint16_t* kt = k + (base + t) * row_stride;
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512((const void*)(q + d)),
+                               (__m512bh)_mm512_loadu_si512((const void*)(kt + d)));
+      scores[t - first] = _mm512_reduce_add_ps(acc) * scale;
+    }
   }
-  float total = 0.f;
-  for (int64_t i = 0; i < n; ++i) total += (scores[i] = std::exp(scores[i] - peak));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) peak16 = _mm512_max_ps(peak16, _mm512_loadu_ps(scores + i));
+  float peak = _mm512_reduce_max_ps(peak16);
+  for (; i < n; ++i) peak = std::max(peak, scores[i]);
+  __m512 total16 = _mm512_setzero_ps();
+  for (i = 0; i < n; i += 16) {  // the last 16 masked
+    const __mmask16 live = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + i),
+                                           _mm512_set1_ps(peak)));
+    _mm512_mask_storeu_ps(scores + i, live, e);
+    total16 = _mm512_add_ps(total16, _mm512_maskz_mov_ps(live, e));
+  }
+  const float total = _mm512_reduce_add_ps(total16);
   __m512 o[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                  _mm512_setzero_ps()};  // D <= 64 outputs in float32
-  for (int64_t t = first; t < len; ++t) {
-    const int64_t slot = (int64_t)table[t / bs] * bs + t % bs;
-    const uint16_t* vt = v + slot * row_stride;
-    const __m512 p = _mm512_set1_ps(scores[t - first]);
-    for (int64_t d = 0; d < D; d += 16) {
-      __m512 vd = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(vt + d))), 16));
-      o[d / 16] = _mm512_fmadd_ps(p, vd, o[d / 16]);
+  for (int64_t t = first; t < len;) {
+    const int64_t b = t / bs, end = std::min(len, (b + 1) * bs);
+    const int64_t base = (int64_t)table[b] * bs - b * bs;  // slot of position t: base + t
+    for (; t < end; ++t) {
+      const uint16_t* vt = v + (base + t) * row_stride;
+      const __m512 p = _mm512_set1_ps(scores[t - first]);
+      for (int64_t d = 0; d < D; d += 16)
+        o[d / 16] = _mm512_fmadd_ps(p, widen(_mm256_loadu_si256((const __m256i*)(vt + d))),
+                                    o[d / 16]);
     }
   }
   const __m512 inv = _mm512_set1_ps(1.f / total);
@@ -271,13 +483,6 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
 // RMSNorm of bf16 rows with the twin's roundings (reference/ops/layernorm.py): the residual
 // sum rounded to bf16, the norm in float32, normed rounded to bf16, then times the weight,
 // rounded again. One pass over a row where the twin runs ten operators.
-AVX512BF16 static inline __m512 widen(__m256i bits) {  // 16 bf16 -> 16 float32
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-AVX512BF16 static inline __m256i narrow(__m512 v) {  // 16 float32 -> 16 bf16, nearest even
-  return (__m256i)_mm512_cvtneps_pbh(v);
-}
-
 AVX512BF16 static void rms_norm_rows(const uint16_t* x, const uint16_t* residual,
                                      const uint16_t* weight, float eps, int64_t T,
                                      int64_t hidden, uint16_t* normed, uint16_t* sum) {
@@ -408,6 +613,7 @@ std::tuple<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& q, const to
 // torch operators (torch.ops.pagedllm_cpu.*): the profiler names them, as it names aten's
 TORCH_LIBRARY(pagedllm_cpu, m) {
   m.def("int4_matmul", &int4_matmul);
+  m.def("int8_matmul", &int8_matmul);
   m.def("bf16_matmul", &bf16_matmul);
   m.def("paged_decode_attention", &paged_decode_attention);
   m.def("add_rms_norm", &add_rms_norm);
@@ -418,5 +624,6 @@ TORCH_LIBRARY(pagedllm_cpu, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("supported", &supported, "whether this CPU has AVX-512 BF16");
+  m.def("supported", &supported, "whether this CPU has AVX-512 BF16 and VNNI");
+  bind_decode_step(m);
 }

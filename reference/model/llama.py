@@ -125,8 +125,13 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.model.embed_tokens(token_ids), None  # [T, hidden]
         for layer in self.model.layers:
             x, residual = layer(x, residual, positions, attn)
+        return self.compute_logits(x, residual, attn.backend, logits_indices)
+
+    def compute_logits(self, x: torch.Tensor, residual: torch.Tensor, ops: Backend,
+                       logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """The last layer's output x [T, hidden] and the residual stream -> logits."""
         x = x + residual  # the last layer's output joins the stream
         if logits_indices is not None:
             x = x[logits_indices]  # [S, hidden]
-        x, _ = self.model.norm(x, ops=attn.backend)
+        x, _ = self.model.norm(x, ops=ops)
         return self.lm_head(x)  # [S, vocab]

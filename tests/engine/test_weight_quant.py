@@ -20,6 +20,7 @@ from pagedllm.optimized.quant_layers import (
     PackedBF16Linear,
     PackedEmbedding,
     PackedInt4Linear,
+    PackedInt8Linear,
 )
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.model.quantization import QuantizedLinear
@@ -75,26 +76,30 @@ def test_int4_refuses_a_group_that_does_not_divide_the_input():
 
 
 # -- the fast kernels against the twin -------------------------------------------------------
-def _own(layer, dtype):
-    kernels = cpu_kernels()
-    if kernels is None:
-        pytest.skip("this CPU has no AVX-512 BF16 (or the kernel did not build)")
-    return PackedInt4Linear(layer, kernels)
+def _own(packed):
+    def make(layer, dtype):
+        kernels = cpu_kernels()
+        if kernels is None:
+            pytest.skip("this CPU has no AVX-512 BF16 (or the kernel did not build)")
+        return packed(layer, kernels)
+    return make
 
 
-FAST_INT = {"int8": Int8PackedLinear, "int4": Int4PackedLinear, "int4-own": _own}
+FAST_INT = {"int8": Int8PackedLinear, "int4": Int4PackedLinear,
+            "int8-own": _own(PackedInt8Linear), "int4-own": _own(PackedInt4Linear)}
 
 
-@pytest.mark.parametrize("scheme,group_size", [("int8", None)] + [
+@pytest.mark.parametrize("scheme,group_size", [("int8", None), ("int8-own", None)] + [
     (scheme, g) for scheme in ("int4", "int4-own") for g in (32, 64, 128)])
 def test_packed_kernels_compute_what_the_twin_computes(scheme, group_size):
     torch.manual_seed(0)
     w = (torch.randn(96, 256) * 0.05).bfloat16()
-    q = quantize_int8(w) if scheme == "int8" else quantize_int4(w, group_size)
+    q = quantize_int8(w) if scheme.startswith("int8") else quantize_int4(w, group_size)
     bias = torch.randn(96).bfloat16()
     layer = QuantizedLinear(q, bias)
     fast = FAST_INT[scheme](layer, torch.bfloat16)
-    for rows in (1, 3, 8, 9, 17):  # the own kernel's tiles are 8 rows: full, partial, several
+    # own kernels: int8 takes 1-3 rows on VNNI, more as bf16; tiles of 8: full, partial, several
+    for rows in (1, 2, 3, 4, 8, 9, 17):
         x = torch.randn(rows, 256).bfloat16()
         want = quantized_linear(x, q, bias)  # [rows, 96]
         got = fast(x)
@@ -102,6 +107,25 @@ def test_packed_kernels_compute_what_the_twin_computes(scheme, group_size):
         # The same float32 sums in another order, one rounding to bf16 (then the bias add):
         # at most a rounding step apart.
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5])  # VNNI's 24-bit rows (1-3) and the bf16 path
+def test_own_int8_kernel_on_wide_ranges_zeros_and_non_finite_rows(rows):
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("this CPU has no AVX-512 BF16 (or the kernel did not build)")
+    torch.manual_seed(0)
+    q = quantize_int8((torch.randn(32, 128) * 0.05).bfloat16())
+    fast = PackedInt8Linear(QuantizedLinear(q, None), kernels)
+    x = torch.randn(rows, 128).bfloat16()
+    x[:, 3] = 3000.0  # an outlier channel: the rest is far below it (2^-11 and less)
+    x[:, 5] = 1e-6  # below 2^-16 of the largest: rounded, by less than float32 would
+    torch.testing.assert_close(fast(x).float(), quantized_linear(x, q, None).float(),
+                               rtol=2**-7, atol=2**-7)
+    assert torch.equal(fast(torch.zeros(rows, 128).bfloat16()), torch.zeros(rows, 32).bfloat16())
+    x[0, 7], x[-1, 9] = float("nan"), float("inf")
+    got = fast(x)
+    assert got[0].isnan().all() and not got[-1].isfinite().any()  # never a finite answer
 
 
 def test_own_bf16_kernel_and_the_embedding_it_serves_match_torch():
@@ -150,7 +174,8 @@ def test_both_tiers_run_a_quantized_model_and_agree(model_dir, scheme):
                     if name.rsplit(".", 1)[-1].endswith("proj")]
         assert products and all(
             isinstance(llm.engine.model.get_submodule(name), QuantizedLinear | Int8PackedLinear
-                       | Int4PackedLinear | PackedInt4Linear) for name in products), tier
+                       | Int4PackedLinear | PackedInt4Linear | PackedInt8Linear)
+            for name in products), tier
 
 
 def test_quantized_weights_take_fewer_bytes_and_skip_keeps_a_layer(model_dir):

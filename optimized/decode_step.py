@@ -1,0 +1,113 @@
+"""A decode step's layers in one C++ call: on a CPU, what the CUDA graph is on a GPU.
+
+A decode step of one sequence multiplies one row by every weight. On SmolLM2 (30 layers) with
+int8 weights the products read 163 MB, about 6 ms at this machine's 27 GB/s; the step took
+14 ms, and after the products and the attention what was left was host work: about ten
+Python-level operators a layer (module calls, views, splits, each dispatched from Python at a
+microsecond or more), 2-4 ms a step. A GPU runner hides that by replaying a recorded graph;
+a CPU has no graph to replay, so ``csrc/decode_step.cpp`` holds the layers' weights and
+strings the same kernels together itself: the same operators, in the same order, on the
+same tensors, with the GIL released while it runs. The embedding before the layers and the
+logits after them stay the model's own code.
+
+It runs a step only where every layer is one it can run and every op is the tier's own:
+a Llama-family model (no per-head q/k norms) in bf16 whose products are all on our kernels
+(``quant_layers.py``), an unquantized bf16 cache, a step of decodes only, and the backend's
+ops not swapped (a test's failing op, a wrapper): anything else runs the modules as before.
+Its results are the modules' results, bit for bit (``tests/unit/test_decode_step.py``).
+"""
+
+import torch
+
+from pagedllm.kernels.paged_attention import paged_attention as triton_paged_attention
+from pagedllm.kernels.rotary import rotary as triton_rotary
+from pagedllm.kernels.silu_and_mul import silu_and_mul as triton_silu_and_mul
+from pagedllm.reference.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+from pagedllm.reference.ops import Backend
+
+from .attention import PlannedAttention, rotary_tables
+from .cpu_ops import cpu_extension
+from .cpu_ops import rms_norm as cpu_rms_norm
+from .cpu_ops import store_kv as cpu_store_kv
+from .layers import MergedLlamaAttention, MergedLlamaMLP
+from .quant_layers import PackedBF16Linear, PackedInt4Linear, PackedInt8Linear
+
+
+NONE = torch.empty(0)  # a Product's tensor that its kind does not use
+
+
+def _product(ext, module):
+    """A packed linear layer as the C++ stack's Product, or None for any other module."""
+    if isinstance(module, PackedInt8Linear):
+        return ext.Product("int8", module.packed, module.scales, module.qsum, module.bias, 0)
+    if isinstance(module, PackedInt4Linear):
+        return ext.Product("int4", module.packed, module.scales, module.zeros, module.bias,
+                           module.group_size)
+    if isinstance(module, PackedBF16Linear):
+        return ext.Product("bf16", module.packed, NONE, NONE, module.bias, 0)
+    return None
+
+
+class DecodeStep:
+    """The model's decoder layers as one C++ stack, for the steps it can run."""
+
+    def __init__(self, ext, model: LlamaForCausalLM, inv_freq: torch.Tensor):
+        self.model, self.inv_freq = model, inv_freq
+        self.stack = ext.DecodeStack()
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.stack.add_layer(ext.Layer(
+                layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                layer.input_layernorm.eps, _product(ext, attn.qkv_proj),
+                _product(ext, attn.o_proj), _product(ext, mlp.gate_up_proj),
+                _product(ext, mlp.down_proj), attn.num_heads, attn.num_kv_heads,
+                attn.head_dim, attn.sliding_window or 0, attn.scale))
+
+    @classmethod
+    def build(cls, model, backend: Backend, dtype: torch.dtype) -> "DecodeStep | None":
+        """The stack for this model and backend, or None where it cannot stand in for the
+        modules (the module docstring lists when)."""
+        ext = cpu_extension()
+        own_ops = (backend.rms_norm is cpu_rms_norm and backend.store_kv is cpu_store_kv
+                   and backend.rotary is triton_rotary
+                   and backend.paged_attention is triton_paged_attention
+                   and backend.silu_and_mul is triton_silu_and_mul)
+        if ext is None or dtype != torch.bfloat16 or not own_ops \
+                or type(model) is not LlamaForCausalLM:
+            return None
+        layers = list(model.model.layers)
+        if not layers:
+            return None
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if not (type(layer) is LlamaDecoderLayer and type(attn) is MergedLlamaAttention
+                    and type(mlp) is MergedLlamaMLP and not attn.qk_norm
+                    and attn.head_dim in (32, 64)
+                    and layer.input_layernorm.eps == layer.post_attention_layernorm.eps
+                    and all(_product(ext, m) is not None for m in (
+                        attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
+                return None
+        inv_freq = layers[0].self_attn.inv_freq
+        if any(not torch.equal(layer.self_attn.inv_freq, inv_freq)
+                             for layer in layers):
+            return None  # one rotary table a step
+        return cls(ext, model, inv_freq)
+
+    def runs(self, attn) -> bool:
+        """Whether this step's attention context is one the stack reads: decodes only, an
+        unquantized bf16 cache."""
+        return (isinstance(attn, PlannedAttention) and attn.decodes_only
+                and attn.quant.rotation is None and not attn.quant.args(0)
+                and not attn.quant.calculate_scales
+                and attn.k_caches[0].dtype == torch.bfloat16)
+
+    def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor, attn,
+                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """What the model's forward returns for this step: logits [S, vocab]."""
+        md = attn.metadata
+        x = self.model.model.embed_tokens(token_ids)  # [S, hidden]
+        cos, sin = rotary_tables(positions, self.inv_freq, x.dtype)  # [S, 1, head_dim]
+        x, residual = self.stack.forward(
+            x.contiguous(), cos.contiguous(), sin.contiguous(), attn.k_caches,
+            attn.v_caches, md.block_tables, md.seq_lens_cpu, md.slot_mapping)
+        return self.model.compute_logits(x, residual, attn.backend, logits_indices)
