@@ -32,7 +32,6 @@ from .cpu_ops import store_kv as cpu_store_kv
 from .layers import MergedLlamaAttention, MergedLlamaMLP
 from .quant_layers import PackedBF16Linear, PackedInt4Linear, PackedInt8Linear
 
-
 NONE = torch.empty(0)  # a Product's tensor that its kind does not use
 
 
