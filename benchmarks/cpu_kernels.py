@@ -4,10 +4,11 @@ The weights are a model's (by default the shipped tiny model; ``--model
 smollm2-135m-instruct`` for the real one): every product of one decode step (each layer's
 merged QKV, o_proj, merged gate/up and down_proj, and the LM head), multiplied one after the
 other as a forward does, so that each weight comes from memory rather than from a warm cache.
-Four ways, at a few row counts:
+Six ways, at a few row counts:
 
-- int4 in groups of 32 (every product but the LM head, which a quantized model keeps in
-  bf16): torch's ``_weight_int4pack_mm_for_cpu`` and ours (``optimized/csrc/cpu_ops.cpp``);
+- int8 per channel (every product but the LM head, which a quantized model keeps in bf16):
+  torch's ``_weight_int8pack_mm`` and ours (``optimized/csrc/cpu_ops.cpp``);
+- int4 in groups of 32 (the same products): torch's ``_weight_int4pack_mm_for_cpu`` and ours;
 - bf16 (every product, the head included): ``F.linear`` (oneDNN) and ours.
 
 One torch thread, this thread's CPU time, the median of --repeats runs (min-max beside it), and
@@ -27,11 +28,17 @@ import torch
 from pagedllm.benchmarks.linear_layout import seconds
 from pagedllm.optimized.cpu_ops import cpu_kernels
 from pagedllm.optimized.layers import merge_projections
-from pagedllm.optimized.quant_layers import Int4PackedLinear, PackedBF16Linear, PackedInt4Linear
+from pagedllm.optimized.quant_layers import (
+    Int4PackedLinear,
+    Int8PackedLinear,
+    PackedBF16Linear,
+    PackedInt4Linear,
+    PackedInt8Linear,
+)
 from pagedllm.reference.model.loader import load_model
 from pagedllm.reference.model.quantization import QuantizedLinear
 from pagedllm.reference.model.registry import resolve_model
-from pagedllm.reference.ops.weight_quant import quantize_int4
+from pagedllm.reference.ops.weight_quant import quantize_int4, quantize_int8
 from pagedllm.serving.default_model import default_model_dir
 
 
@@ -58,6 +65,8 @@ def main(argv=None) -> dict:
         return {"skipped": "no AVX-512 BF16 or no build"}
     model_dir = resolve_model(args.model) if args.model else default_model_dir()
     weights = step_weights(model_dir)
+    int8 = [QuantizedLinear(quantize_int8(w), None) for name, w in weights
+            if not name.endswith("lm_head")]
     int4 = [QuantizedLinear(quantize_int4(w, 32), None) for name, w in weights
             if not name.endswith("lm_head")]
     linears = []
@@ -66,6 +75,8 @@ def main(argv=None) -> dict:
         linear.weight = torch.nn.Parameter(w, requires_grad=False)
         linears.append(linear)
     ways = {  # name: (the step's modules, their inputs' sizes)
+        "int8, torch": ([Int8PackedLinear(m, torch.bfloat16) for m in int8], int8),
+        "int8, ours": ([PackedInt8Linear(m, kernels) for m in int8], int8),
         "int4 g32, torch": ([Int4PackedLinear(m, torch.bfloat16) for m in int4], int4),
         "int4 g32, ours": ([PackedInt4Linear(m, kernels) for m in int4], int4),
         "bf16, F.linear": (linears, linears),

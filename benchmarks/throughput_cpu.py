@@ -19,9 +19,12 @@ run on the same CPU threads:
     ``add_request``, ``get_result``) with each request's own max_new_tokens;
 (e) llama.cpp (``llama-cpp-python``, a benchmark dependency, not a CI one: it builds llama.cpp
     from source) on the GGUF file itself, one request at a time, when the model was converted
-    from a .gguf (``--model smollm2-135m-instruct``); n/a with the reason otherwise. With it
-    the script also measures one sequence alone (decode only) in ours at every
-    ``--precision`` and in llama.cpp, the latency a single local user sees.
+    from a .gguf (``--model smollm2-135m-instruct``); n/a with the reason otherwise.
+
+With ``--model`` (and the optimized system) the script also measures one sequence alone
+(decode only) in ours at every ``--precision``, and in llama.cpp when it runs: the latency a
+single local user sees, each with its share of the memory-bandwidth floor (where a decode
+step of one sequence is closest to its weights' reading time); and 16 sequences together.
 
 Every system gets the same batch size (max_num_seqs / static batch / max_requests_per_batch),
 the same KV memory (batch size x max_model_len token slots) and the same number of torch
@@ -294,13 +297,23 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
 BATCHED = 16  # the single-sequence table's second column: this many sequences together
 
 
-def single_sequence(ckpt: Path, work, max_len: int, precisions) -> dict:
+def single_sequence(ckpt: Path, work, max_len: int, precisions, bandwidth: float,
+                    llama: bool) -> dict:
     """Decode speed of one sequence alone (the latency a single local user sees): ours, the
-    optimized tier, at each precision, and llama.cpp on the GGUF file, in this run; and ours
-    with BATCHED copies of the sequence decoding together. Each generates from the
+    optimized tier, at each precision, and (`llama`) llama.cpp on the GGUF file, in this run;
+    and ours with BATCHED copies of the sequence decoding together. Each generates from the
     workload's first prompt; the rate is the decode's, the prompt's time left out:
-    (n - 1) tokens a sequence over the time of n tokens minus the time of one."""
+    (n - 1) tokens a sequence over the time of n tokens minus the time of one.
+
+    Each rate's share of its memory-bandwidth floor, as the race's: a decode step reads
+    every weight once and each sequence's K/V so far (the mean context of the decode), so a
+    token costs weight_bytes / sequences + context x KV bytes per token, over `bandwidth`."""
     prompt, n = work[0][0], 129
+    context = len(prompt) + n / 2
+
+    def share(rate, res, rows):
+        return rate * (res["weight_bytes"] / rows + context * res["kv_bytes_per_token"]) \
+            / bandwidth
     out = {}
     for precision in precisions:
         weights = {"dtype": precision} if precision in ("float32", "bfloat16") else \
@@ -320,24 +333,34 @@ def single_sequence(ckpt: Path, work, max_len: int, precisions) -> dict:
         timed(llm, 4)  # warm-up
         one, full = timed(llm, 1), timed(llm, n)
         one_b, full_b = timed(llm, 1, BATCHED), timed(llm, n, BATCHED)
-        out[f"optimized#{precision}"] = {
+        stats = llm.stats()
+        res = out[f"optimized#{precision}"] = {
             "ok": True, "decode_tokens_per_s": (n - 1) / (full.wall - one.wall),
             "decode_tokens_per_cpu_s": (n - 1) / (full.cpu - one.cpu),
             "batched_decode_tokens_per_s": BATCHED * (n - 1) / (full_b.wall - one_b.wall),
-            "batched_decode_tokens_per_cpu_s": BATCHED * (n - 1) / (full_b.cpu - one_b.cpu)}
+            "batched_decode_tokens_per_cpu_s": BATCHED * (n - 1) / (full_b.cpu - one_b.cpu),
+            "weight_bytes": stats["weight_bytes"],
+            "kv_bytes_per_token": stats["kv_bytes_per_token"]}
+        res["bandwidth_floor_share"] = share(res["decode_tokens_per_s"], res, 1)
+        res["batched_bandwidth_floor_share"] = share(res["batched_decode_tokens_per_s"], res,
+                                                     BATCHED)
         del llm
+    if not llama:
+        return out
     res, _ = attempt(functools.partial(llama_cpp, [(prompt, n)], converted_from(ckpt),
                                        max_len=max_len, threads=torch.get_num_threads(),
                                        warm=[(prompt[:8], 4)]), [(prompt, n)])
     if res["ok"]:
         res["decode_tokens_per_s"] = res["decode_tokens_per_s_single_sequence"]
+        res["kv_bytes_per_token"] = kv_size(ckpt, "float16").bytes_per_token  # its f16 cache
+        res["bandwidth_floor_share"] = share(res["decode_tokens_per_s"], res, 1)
     out["llama_cpp"] = res
     return out
 
 
 def print_single(single: dict) -> None:
     print(f"\n{'one sequence alone, decode':50}{'tok/s':>8}{'tok/CPU-s':>10}{'x llama.cpp':>12}"
-          f"{f'{BATCHED} seqs tok/s':>16}{'x llama.cpp':>12}")
+          f"{'bw':>7}{f'{BATCHED} seqs tok/s':>16}{'x llama.cpp':>12}{'bw':>7}")
     base = single.get("llama_cpp", {})
     for name, res in single.items():
         if not res.get("ok"):
@@ -346,15 +369,21 @@ def print_single(single: dict) -> None:
 
         def ratio(rate):
             return f"{rate / base['decode_tokens_per_s']:.2f}x" if base.get("ok") else ""
+
+        def percent(key, res=res):
+            return "" if key not in res else f"{100 * res[key]:.1f}%"
         cpu = res.get("decode_tokens_per_cpu_s")
         batched = res.get("batched_decode_tokens_per_s")
         print(f"{label_of(name):50}{res['decode_tokens_per_s']:8.1f}"
               f"{'' if cpu is None else f'{cpu:.1f}':>10}"
-              f"{ratio(res['decode_tokens_per_s']):>12}"
+              f"{ratio(res['decode_tokens_per_s']):>12}{percent('bandwidth_floor_share'):>7}"
               f"{'' if batched is None else f'{batched:.1f}':>16}"
-              f"{'' if batched is None else ratio(batched):>12}")
+              f"{'' if batched is None else ratio(batched):>12}"
+              f"{percent('batched_bandwidth_floor_share'):>7}")
     print(f"{BATCHED} seqs: {BATCHED} copies of the prompt decoding together, the tokens of all "
-          f"per second; x llama.cpp: against llama.cpp's one sequence")
+          f"per second; x llama.cpp: against llama.cpp's one sequence; bw: share of the "
+          f"memory-bandwidth floor (weight bytes / sequences + mean context x KV bytes per "
+          f"token, x tok/s / the bandwidth measured in this run)")
 
 
 def label_of(name: str) -> str:
@@ -486,9 +515,11 @@ def main(argv: list[str] | None = None) -> dict:
         add_bandwidth_floor(systems, work, config["batch_size"], ckpt, hf_bytes,
                             config["stream_bandwidth"])
         print_table(systems)
-        if "llama_cpp" in only and converted_from(ckpt) is not None:
+        if args.model and "optimized" in only:
             config["single_sequence"] = single_sequence(
-                ckpt, work, config["workload"]["max_model_len"], precisions)
+                ckpt, work, config["workload"]["max_model_len"], precisions,
+                config["stream_bandwidth"],
+                llama="llama_cpp" in only and converted_from(ckpt) is not None)
             print_single(config["single_sequence"])
         print(f"matmul: {config['matmul_flops'] / 1e9:.1f} GFLOP/s float32, memory: "
               f"{config['stream_bandwidth'] / 1e9:.1f} GB/s read, on "
