@@ -1,4 +1,4 @@
-"""The optimized tier's own CPU kernels (``csrc/cpu_ops.cpp``), for bf16 on AVX-512 BF16.
+"""The optimized tier's own CPU kernels (``csrc/cpu_ops.cpp``): bf16 on AVX-512 BF16 and VNNI.
 
 Without Triton (a CPU, no interpreter) the tier's ops fall back to their torch twins, and
 torch's kernels for a decode step's shapes were the measured limit (lesson 18):
@@ -7,7 +7,10 @@ torch's kernels for a decode step's shapes were the measured limit (lesson 18):
   project's CPU (AMD EPYC, AVX-512 BF16, no AMX), slower than bf16 ``F.linear`` on four times
   the bytes, and oneDNN's bf16 product of one row reads about 6 GB/s of a 24-30 GB/s memory.
   ``int4_matmul`` turns the codes into bf16 inside the registers and multiplies with
-  ``vdpbf16ps``; ``bf16_matmul`` is the same loop on bf16 weights (the LM head above all).
+  ``vdpbf16ps``; ``bf16_matmul`` is the same loop on bf16 weights (the LM head above all);
+  ``int8_matmul`` multiplies the int8 codes as they are stored with VNNI's ``vpdpbusd``, the
+  rows written as 24-bit integers in three byte planes (torch's int8 kernel read its codes at
+  about 7 GB/s for one row).
 - **the small ops of a layer**: RMSNorm (ten operators in the twin), the K/V write (a check
   and two indexed copies), rotary (three), and a decode step's attention (a gather of the
   blocks, a mask, two batched products and a softmax: ``paged_decode_attention`` reads the
@@ -15,11 +18,12 @@ torch's kernels for a decode step's shapes were the measured limit (lesson 18):
   comment says so.
 
 Built on first use with torch's extension builder (a C++ compiler and ninja; about 30 s, then
-cached) and used only where the CPU has AVX-512 BF16: elsewhere, or where the build fails,
-``cpu_kernels()`` says why once and the tier keeps torch's kernels and the twins.
+cached) and used only where the CPU has AVX-512 BF16 and VNNI: elsewhere, or where the build
+fails, ``cpu_extension()`` says why once and the tier keeps torch's kernels and the twins.
 
-The products' packed layouts: for each block of 16 outputs, the inputs in pairs, so that one
-512-bit register holds 16 outputs x 2 inputs (32 bf16), the operand of one ``vdpbf16ps``.
+The products' packed layouts: for each block of 16 outputs, the inputs in pairs (int8: in
+fours), so that one 512-bit register holds 16 outputs x 2 inputs (32 bf16), the operand of one
+``vdpbf16ps``.
 - bf16: ``[N / 16, K / 2, 16, 2]`` (a reshuffle of ``W [N, K]``, the same bytes).
 - int8: ``[N / 16, K / 4, 16, 4]`` codes, four inputs of an output in a 32-bit lane (the
   operand of one VNNI ``vpdpbusd``); the scale per output in float32 and the sum of each

@@ -9,11 +9,13 @@ float32 activations they fall back to a path several times slower than a float32
 the runner swaps them in only for a bf16/fp16 model (quantization's default dtype) and leaves
 the twin otherwise.
 
-Where the CPU has AVX-512 BF16, a bf16 model's products run on the project's own kernel
-instead (``cpu_ops.py``): on SmolLM2's step, int4 groups 1.4x torch's int4 kernel at one
-row, 1.6x at 16 and 2x at 64, and bf16 weights (the LM head above all) 3x oneDNN's at one row
-(``benchmarks/cpu_kernels.py``). int8 keeps torch's kernel. A tied LM head's packed table
-also serves the input embedding: one copy, as before.
+Where the CPU has AVX-512 BF16 and VNNI, a bf16 model's products run on the project's own
+kernels instead (``cpu_ops.py``): on SmolLM2's step (``benchmarks/cpu_kernels.py``), int8 rows
+2.9x torch's int8 kernel at one row and 2.2x at 16, int4 groups 1.4x torch's int4 kernel at
+one row and 1.8x at 16, and bf16 weights (the LM head above all) 3x oneDNN's at one row. A
+tied LM head's packed table also serves the input embedding: one copy, as before. A shape
+the kernels do not take (outputs not a multiple of 16) stays the twin for int4, whose torch
+kernel refuses it too, and torch's kernel for int8.
 
 The twin's layout (``reference/ops/weight_quant.py``) is the kernels': int8 codes with a scale
 per row, int4 codes with ``(q - 8) * scale + zero`` per group, scales and zeros in the model's

@@ -108,47 +108,48 @@ AVX512BF16 void bf16_tile(const uint16_t* x, int64_t K, const uint16_t* w, uint1
 }
 
 // --8<-- [start:int8_tile]
-// MB rows x 16 outputs of the int8 product (W8A16) on VNNI: vpdpbusd multiplies 4 unsigned
-// bytes by 4 signed bytes per 32-bit lane and adds the 4 products to an int32. The codes are
-// the signed bytes, as stored, four inputs of one output a lane; the rows are the unsigned
-// bytes: each row is written as 24-bit integers X = x 2^(23 - e) (2^e above the row's
-// largest |x|) cut into three byte planes, X = A0 + 2^8 A1 + 2^16 (A2 - 128). A bf16 number
-// has 8 significant bits, so every x within 2^16 of the row's largest is an integer there,
-// exactly; smaller ones are rounded by at most 2^(e - 24), as a float32 sum would round them.
-// So sum q X = P0 + 2^8 P1 + 2^16 (P2 - 128 sum q): three int32 sums, no conversion of a
-// code at all, and y = s 2^(e - 23) sum q X, rounded once to bf16.
+// MB rows x 16 outputs of the int8 product (W8A16) on VNNI. vpdpbusd multiplies 4
+// unsigned bytes by 4 signed bytes per 32-bit lane and adds the 4 products to an int32.
+// The codes are the signed bytes, as stored: four inputs of one output a lane. The rows
+// are the unsigned bytes: each row as 24-bit integers X = x 2^(23 - e), 2^e above the
+// row's largest |x|, cut into three byte planes, X = A0 + 2^8 A1 + 2^16 (A2 - 128).
+// bf16 has 8 significant bits: every x within 2^16 of the row's largest is an integer
+// there, exactly; a smaller one is rounded by at most 2^(e - 24), as float32 would.
+// sum q X = P0 + 2^8 P1 + 2^16 (P2 - 128 sum q): three int32 sums, no code converted,
+// and y = s 2^(e - 23) sum q X, rounded once to bf16.
+template <int MB>
+AVX512BF16 __attribute__((always_inline)) static inline void int8_step(
+    __m512i (*acc)[3], const uint8_t* planes, int64_t K, const int8_t* w, int64_t k) {
+  // inputs k..k+3 of 16 outputs, into the sums of every row m and plane p
+  const __m512i wk = _mm512_loadu_si512((const void*)(w + k * 16));
+  for (int m = 0; m < MB; ++m)
+    for (int p = 0; p < 3; ++p) {
+      const int32_t four = *(const int32_t*)(planes + (m * 3 + p) * K + k);
+      acc[m][p] = _mm512_dpbusd_epi32(acc[m][p], _mm512_set1_epi32(four), wk);
+    }
+}
+
 template <int MB>
 AVX512BF16 void int8_tile(const uint8_t* planes, int64_t K, const int8_t* w,
-                          const float* scale, const int32_t* qsum, const float* row_scale,
-                          uint16_t* out, int64_t N) {
-  constexpr int C = MB <= 2 ? 2 : 1;  // sums a plane: one or two rows keep more in flight
-  __m512i acc[MB][3][C];
-  for (int m = 0; m < MB; ++m)
-    for (int p = 0; p < 3; ++p)
-      for (int c = 0; c < C; ++c) acc[m][p][c] = _mm512_setzero_si512();
-  // inputs k..k+3 (16 outputs x 4 codes) into the c-th sums of every row and plane
-#define INT8_STEP(k, c)                                                                  \
-  {                                                                                      \
-    const __m512i wk = _mm512_loadu_si512((const void*)(w + (k) * 16));                \
-    for (int m = 0; m < MB; ++m)                                                         \
-      for (int p = 0; p < 3; ++p)                                                        \
-        acc[m][p][c] = _mm512_dpbusd_epi32(                                              \
-            acc[m][p][c], _mm512_set1_epi32(*(const int32_t*)(planes + (m * 3 + p) * K + (k))), \
-            wk);                                                                         \
-  }
+                          const float* scale, const int32_t* qsum,
+                          const float* row_scale, uint16_t* out, int64_t N) {
+  constexpr int C = MB <= 2 ? 2 : 1;  // sums a plane: few rows keep more in flight
+  __m512i acc[C][MB][3];
+  for (int c = 0; c < C; ++c)
+    for (int m = 0; m < MB; ++m)
+      for (int p = 0; p < 3; ++p) acc[c][m][p] = _mm512_setzero_si512();
   int64_t k = 0;
   for (; k + 4 * C <= K; k += 4 * C)
-    for (int c = 0; c < C; ++c) INT8_STEP(k + 4 * c, c)
-  for (; k < K; k += 4) INT8_STEP(k, 0)
-#undef INT8_STEP
+    for (int c = 0; c < C; ++c) int8_step<MB>(acc[c], planes, K, w, k + 4 * c);
+  for (; k < K; k += 4) int8_step<MB>(acc[0], planes, K, w, k);
   const __m512 s = _mm512_loadu_ps(scale);
   const __m512i q128 = _mm512_slli_epi32(_mm512_loadu_si512((const void*)qsum), 7);
   for (int m = 0; m < MB; ++m) {
-    __m512i p0 = acc[m][0][0], p1 = acc[m][1][0], p2 = acc[m][2][0];
+    __m512i p0 = acc[0][m][0], p1 = acc[0][m][1], p2 = acc[0][m][2];
     for (int c = 1; c < C; ++c) {
-      p0 = _mm512_add_epi32(p0, acc[m][0][c]);
-      p1 = _mm512_add_epi32(p1, acc[m][1][c]);
-      p2 = _mm512_add_epi32(p2, acc[m][2][c]);
+      p0 = _mm512_add_epi32(p0, acc[c][m][0]);
+      p1 = _mm512_add_epi32(p1, acc[c][m][1]);
+      p2 = _mm512_add_epi32(p2, acc[c][m][2]);
     }
     __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(p2, q128));  // P2 - 128 sum q
     sum = _mm512_fmadd_ps(sum, _mm512_set1_ps(256.f), _mm512_cvtepi32_ps(p1));

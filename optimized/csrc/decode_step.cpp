@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+// a kernel call under its operator's name, for the profiler
+#define RECORD(op) RECORD_FUNCTION("pagedllm_cpu::" op, std::vector<c10::IValue>())
+
 namespace {
 
 // One linear layer's weight in one of the kernels' layouts (quant_layers.py packs them).
@@ -28,7 +31,7 @@ struct Product {
     RECORD_FUNCTION(kind == "int8"   ? "pagedllm_cpu::int8_matmul"
                     : kind == "int4" ? "pagedllm_cpu::int4_matmul"
                                      : "pagedllm_cpu::bf16_matmul",
-                    std::vector<c10::IValue>());
+                    std::vector<c10::IValue>());  // a name chosen at run time
     torch::Tensor y = kind == "int8"   ? int8_matmul(x, packed, scales, aux)
                       : kind == "int4" ? int4_matmul(x, packed, scales, aux, group_size)
                                        : bf16_matmul(x, packed);
@@ -60,14 +63,15 @@ class DecodeStack {
                 k_caches.size(), " and ", v_caches.size());
     const int64_t S = x.size(0);
     torch::Tensor residual;
+    // --8<-- [start:layer]
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& L = layers_[i];
       torch::Tensor h;
       if (residual.defined()) {
-        RECORD_FUNCTION("pagedllm_cpu::add_rms_norm", std::vector<c10::IValue>());
+        RECORD("add_rms_norm");
         std::tie(h, residual) = add_rms_norm(x, residual, L.input_norm, L.eps);
       } else {
-        RECORD_FUNCTION("pagedllm_cpu::rms_norm", std::vector<c10::IValue>());
+        RECORD("rms_norm");
         h = rms_norm(x, L.input_norm, L.eps);
         residual = x;
       }
@@ -76,29 +80,30 @@ class DecodeStack {
                                  L.kv_heads * L.head_dim}, -1);
       torch::Tensor q, k, a;
       {
-        RECORD_FUNCTION("pagedllm_cpu::rotary", std::vector<c10::IValue>());
+        RECORD("rotary");
         std::tie(q, k) = rotary(qkv[0].view({S, L.heads, L.head_dim}),
                                 qkv[1].view({S, L.kv_heads, L.head_dim}), cos, sin);
       }
       {
-        RECORD_FUNCTION("pagedllm_cpu::store_kv", std::vector<c10::IValue>());
+        RECORD("store_kv");
         store_kv(k, qkv[2].view({S, L.kv_heads, L.head_dim}), k_caches[i], v_caches[i],
                  slot_mapping);
       }
       {
-        RECORD_FUNCTION("pagedllm_cpu::paged_decode_attention", std::vector<c10::IValue>());
+        RECORD("paged_decode_attention");
         a = paged_decode_attention(q, k_caches[i], v_caches[i], block_tables, seq_lens,
                                    L.scale, L.window);  // [S, heads, head_dim]
       }
       auto o = L.o(a.view({S, -1}));
       {
-        RECORD_FUNCTION("pagedllm_cpu::add_rms_norm", std::vector<c10::IValue>());
+        RECORD("add_rms_norm");
         std::tie(h, residual) = add_rms_norm(o, residual, L.post_norm, L.eps);
       }
       // the MLP: silu(gate) * up as reference/ops/activation.py computes it
       auto gate_up = L.gate_up(h).chunk(2, -1);
       x = L.down(at::silu(gate_up[0]) * gate_up[1]);
     }
+    // --8<-- [end:layer]
     return {x, residual};
   }
 
