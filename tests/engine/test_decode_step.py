@@ -88,3 +88,32 @@ def test_a_quantized_cache_runs_the_modules_for_its_steps(paths):
     fused, fused_out = _run(paths["llama3"], False, dtype="bfloat16", kv_cache_dtype="fp8")
     _, eager_out = _run(paths["llama3"], True, dtype="bfloat16", kv_cache_dtype="fp8")
     assert fused_out == eager_out
+
+
+def test_a_step_the_stack_refuses_ends_its_requests_and_leaves_the_engine_usable(paths):
+    """A kernel inside the one C++ call refuses what it cannot index (here a K/V slot outside
+    the cache, planted by a step observer in the third decode step): the step's requests end
+    with the error, their blocks are freed, nothing was written, and the engine runs the next
+    requests as a fresh engine does."""
+    llm = optimized.LLM(paths["llama3"], dtype="bfloat16", block_size=4)
+    assert llm.engine.runner.decode_step is not None
+    prompts = [{"prompt_token_ids": [3 + i, 9, 27, 4 + i]} for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    steps = {"decode": 0}
+
+    def plant(engine, sched, inputs):
+        md = inputs.attn_metadata
+        if inputs.input_ids.shape[0] == md.seq_lens.shape[0]:  # decodes only
+            steps["decode"] += 1
+            if steps["decode"] == 3:
+                md.slot_mapping[0] = 10**9
+
+    llm.engine.add_step_observer(plant)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        llm.generate(prompts, params, use_tqdm=False)
+    llm.engine.step_observers.remove(plant)
+    assert llm.stats()["blocks_used"] == 0 and not llm.engine.has_unfinished_requests()
+    again = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    fresh = optimized.LLM(paths["llama3"], dtype="bfloat16", block_size=4)
+    assert again == [o.outputs[0].token_ids for o in fresh.generate(prompts, params,
+                                                                     use_tqdm=False)]
