@@ -2,7 +2,8 @@
 ops chosen by default. Everything else — the checks, the KV sizing, the tokenizer, the request
 loop — is the reference's. Two options matter here only, as vLLM names them:
 
-- ``enforce_eager=True`` turns CUDA graphs off;
+- ``enforce_eager=True`` turns CUDA graphs off (and, on a CPU, the decode step in one C++
+  call, ``decode_step.py``): every step runs the modules;
 - ``gpu_memory_utilization`` (default 0.9): on CUDA, when neither ``num_gpu_blocks`` nor
   ``kv_cache_memory`` is given, the share of the GPU's memory the engine may fill — the KV pool
   gets what the weights and a profiled step's activations leave of it.

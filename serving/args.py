@@ -78,7 +78,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action="store_true")
     parser.add_argument("--enable-chunked-prefill", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true",
-                        help="optimized tier: no CUDA graphs")
+                        help="optimized tier: no CUDA graphs, and on a CPU no one-call "
+                             "decode step: every step through the modules")
     add_kv_cache_arguments(parser)
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                         help="engine replicas, each a process with the whole model (or its "

@@ -66,7 +66,7 @@ class EngineArgs:
     seed: int = 0
     backend: Backend = REFERENCE_BACKEND  # the ops (a tier's, or one swapped for a test)
     model_runner: type[ModelRunner] = ModelRunner  # the tier: who executes the model
-    enforce_eager: bool = False  # a runner that captures CUDA graphs: don't
+    enforce_eager: bool = False  # a runner that captures CUDA graphs (or its CPU stack): don't
     gpu_memory_utilization: float | None = None  # a runner that profiles: share of the GPU
     swap_space: float = 0  # GiB of CPU swap space (vLLM's flag), instead of swap_space_blocks
     kv_cache_dtype: str = "auto"  # "fp8" (= "fp8_e4m3"), "fp8_e5m2", "int8", "int4"
@@ -327,9 +327,10 @@ def _check_tier_options(args: EngineArgs, runner: type[ModelRunner]) -> None:
         check_float("gpu_memory_utilization", args.gpu_memory_utilization, low=0.0, high=1.0,
                     low_open=True)
     if args.enforce_eager and not runner.captures_graphs:
-        raise FieldValueError("enforce_eager", f"enforce_eager turns CUDA graphs off, which "
-                              f"the {runner.tier} tier never captures; it is an option of the "
-                              "optimized tier (pagedllm.optimized.LLM)")
+        raise FieldValueError("enforce_eager", f"enforce_eager turns CUDA graphs (and the CPU's "
+                              f"one-call decode step) off, which the {runner.tier} tier never "
+                              "uses; it is an option of the optimized tier "
+                              "(pagedllm.optimized.LLM)")
 
 
 def _check_tensor_parallel(args: EngineArgs, device: torch.device) -> None:

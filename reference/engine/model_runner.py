@@ -25,7 +25,7 @@ class ModelRunner:
     tier = "reference"
     runs_baselines = True  # the contiguous-slab and static-batching baselines
     profiles_kv_cache = False  # sizes the KV pool by a profiling step (gpu_memory_utilization)
-    captures_graphs = False  # records decode steps as CUDA graphs (enforce_eager turns it off)
+    captures_graphs = False  # CUDA graphs, or a CPU decode stack (enforce_eager turns them off)
 
     def __init__(self, model: torch.nn.Module, config) -> None:
         """config: the EngineConfig (backend, budgets, block size) the engine was built from."""
