@@ -47,11 +47,17 @@ def _product(ext, module):
     return None
 
 
+def _ops(backend: Backend) -> tuple:
+    """The ops the stack calls itself (rotary aside: a step's context replaces it with its
+    tables' version)."""
+    return (backend.rms_norm, backend.store_kv, backend.paged_attention, backend.silu_and_mul)
+
+
 class DecodeStep:
     """The model's decoder layers as one C++ stack, for the steps it can run."""
 
-    def __init__(self, ext, model: LlamaForCausalLM, inv_freq: torch.Tensor):
-        self.model, self.inv_freq = model, inv_freq
+    def __init__(self, ext, model: LlamaForCausalLM, inv_freq: torch.Tensor, ops: tuple):
+        self.model, self.inv_freq, self.ops = model, inv_freq, ops
         self.stack = ext.DecodeStack()
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -66,13 +72,10 @@ class DecodeStep:
     def build(cls, model, backend: Backend, dtype: torch.dtype) -> "DecodeStep | None":
         """The stack for this model and backend, or None where it cannot stand in for the
         modules (the module docstring lists when)."""
-        ext = cpu_extension()
-        own_ops = (backend.rms_norm is cpu_rms_norm and backend.store_kv is cpu_store_kv
-                   and backend.rotary is triton_rotary
-                   and backend.paged_attention is triton_paged_attention
-                   and backend.silu_and_mul is triton_silu_and_mul)
-        if ext is None or dtype != torch.bfloat16 or not own_ops \
-                or type(model) is not LlamaForCausalLM:
+        ops = _ops(backend)
+        if dtype != torch.bfloat16 or type(model) is not LlamaForCausalLM or ops != (
+                cpu_rms_norm, cpu_store_kv, triton_paged_attention, triton_silu_and_mul) \
+                or backend.rotary is not triton_rotary or (ext := cpu_extension()) is None:
             return None
         layers = list(model.model.layers)
         if not layers:
@@ -90,12 +93,13 @@ class DecodeStep:
         if any(not torch.equal(layer.self_attn.inv_freq, inv_freq)
                              for layer in layers):
             return None  # one rotary table a step
-        return cls(ext, model, inv_freq)
+        return cls(ext, model, inv_freq, ops)
 
     def runs(self, attn) -> bool:
         """Whether this step's attention context is one the stack reads: decodes only, an
         unquantized bf16 cache."""
         return (isinstance(attn, PlannedAttention) and attn.decodes_only
+                and _ops(attn.backend) == self.ops  # not swapped since the stack was built
                 and attn.quant.rotation is None and not attn.quant.args(0)
                 and not attn.quant.calculate_scales
                 and attn.k_caches[0].dtype == torch.bfloat16)

@@ -98,6 +98,9 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         raise OSError(f"cannot bind {host}:{port}: {err.strerror}") from None
+    # Listening now, not when uvicorn starts: a client that connects as soon as it reads the
+    # banner waits in the backlog instead of being refused (seen in CI under load).
+    sock.listen(2048)
     return sock
 
 

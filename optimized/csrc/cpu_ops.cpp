@@ -124,7 +124,8 @@ AVX512BF16 __attribute__((always_inline)) static inline void int8_step(
   const __m512i wk = _mm512_loadu_si512((const void*)(w + k * 16));
   for (int m = 0; m < MB; ++m)
     for (int p = 0; p < 3; ++p) {
-      const int32_t four = *(const int32_t*)(planes + (m * 3 + p) * K + k);
+      int32_t four;  // the row's plane p at inputs k..k+3
+      std::memcpy(&four, planes + (m * 3 + p) * K + k, 4);
       acc[m][p] = _mm512_dpbusd_epi32(acc[m][p], _mm512_set1_epi32(four), wk);
     }
 }
@@ -187,7 +188,8 @@ AVX512BF16 void int8_bf16_tile(const uint16_t* x, int64_t K, const int8_t* w,
     __m512bh p01, p23;
     int8_lane_pairs(_mm512_loadu_si512((const void*)(w + k * 16)), &p01, &p23);
     for (int m = 0; m < MB; ++m) {
-      const int32_t* xr = (const int32_t*)(x + m * K + k);
+      int32_t xr[2];  // inputs (k, k+1) and (k+2, k+3) of row m, as bf16 pairs
+      std::memcpy(xr, x + m * K + k, 8);
       acc[m] = _mm512_dpbf16_ps(acc[m], p01, (__m512bh)_mm512_set1_epi32(xr[0]));
       acc_odd[m] = _mm512_dpbf16_ps(acc_odd[m], p23, (__m512bh)_mm512_set1_epi32(xr[1]));
     }
@@ -278,6 +280,7 @@ AVX512BF16 static void int8_planes(const uint16_t* x, int64_t M, int64_t K, uint
     const bool finite = !nan && std::isfinite(top);
     int e = 0;
     std::frexp(finite ? top : 0.f, &e);  // top < 2^e
+    e = std::max(e, -100);  // 2^(23 - e) and 2^(e - 23) stay normal floats; tinier x round
     row_scale[m] = finite ? std::ldexp(1.f, e - 23) : NAN;
     const __m512 up = _mm512_set1_ps(finite ? std::ldexp(1.f, 23 - e) : 0.f);
     uint8_t* a = planes + m * 3 * K;
@@ -297,11 +300,14 @@ torch::Tensor int8_matmul(const torch::Tensor& x, const torch::Tensor& packed,
                           const torch::Tensor& scales, const torch::Tensor& qsum) {
   const int64_t NB = packed.size(0), K = packed.size(1) * 4, N = NB * 16;
   check_x(x, K);
-  TORCH_CHECK(K % 16 == 0 && packed.is_contiguous() && packed.scalar_type() == torch::kInt8 &&
+  // K <= 65536: a plane's int32 sum of 255 x 128 products an input cannot wrap
+  TORCH_CHECK(K % 16 == 0 && K <= 65536 && packed.is_contiguous() &&
+              packed.scalar_type() == torch::kInt8 &&
               scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
               scales.numel() == N && qsum.scalar_type() == torch::kInt32 &&
               qsum.is_contiguous() && qsum.numel() == N,
-              "int8_matmul takes cpu_ops.pack_int8's codes, float32 scales and int32 sums");
+              "int8_matmul takes cpu_ops.pack_int8's codes (inputs a multiple of 16, at most "
+              "65536), float32 scales and int32 sums");
   const int64_t M = x.size(0);
   auto out = torch::empty({M, N}, x.options());
   const int8_t* wp = packed.data_ptr<int8_t>();
@@ -370,9 +376,11 @@ torch::Tensor bf16_matmul(const torch::Tensor& x, const torch::Tensor& packed) {
 
 // e^x for x <= 0, 16 at a time: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
 // polynomial to r^6 (relative error under 2^-22, below the bf16 rounding of the result),
-// times 2^n. Below -87 the result is 0 (as float32's e^x underflows there).
+// times 2^n. x is clamped at -87 (e^-87 is nothing beside the peak's 1); a NaN stays NaN
+// (max_ps returns its second operand when one is NaN), so a NaN or infinite key gives a
+// NaN head, as the definition does.
 AVX512BF16 static inline __m512 exp_neg(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln 2 in two parts
@@ -495,7 +503,8 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                                      int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kBFloat16 && q.is_contiguous(),
               "q must be a contiguous [S, heads, head_dim] bfloat16 tensor");
-  TORCH_CHECK(k_cache.scalar_type() == torch::kBFloat16 && k_cache.is_contiguous() &&
+  TORCH_CHECK(k_cache.scalar_type() == torch::kBFloat16 &&
+              v_cache.scalar_type() == torch::kBFloat16 && k_cache.is_contiguous() &&
               v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
               "the caches must be contiguous bfloat16 [blocks, block_size, kv_heads, D]");
   const int64_t S = q.size(0), H = q.size(1), D = q.size(2);

@@ -123,6 +123,9 @@ def test_own_int8_kernel_on_wide_ranges_zeros_and_non_finite_rows(rows):
     torch.testing.assert_close(fast(x).float(), quantized_linear(x, q, None).float(),
                                rtol=2**-7, atol=2**-7)
     assert torch.equal(fast(torch.zeros(rows, 128).bfloat16()), torch.zeros(rows, 32).bfloat16())
+    tiny = torch.randn(rows, 128).bfloat16() * 1e-33  # far below any activation, still held
+    torch.testing.assert_close(fast(tiny).float(), quantized_linear(tiny, q, None).float(),
+                               rtol=2**-6, atol=0)
     x[0, 7], x[-1, 9] = float("nan"), float("inf")
     got = fast(x)
     assert got[0].isnan().all() and not got[-1].isfinite().any()  # never a finite answer

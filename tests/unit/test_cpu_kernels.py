@@ -60,6 +60,41 @@ def test_decode_attention_reads_the_blocks_in_place_as_the_definition(seq_lens, 
     torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=2**-7)
 
 
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 1, 32), (5, 5, 64), (9, 3, 64)])
+def test_decode_attention_for_any_query_heads_a_kv_head(heads, kv_heads, head_dim):
+    """The kernel runs a KV head and its query heads together (four at a time) and sums 16
+    keys' scores at once: group sizes 8 (two fours), 1 and 3, lengths around 16 and 32."""
+    g = torch.Generator().manual_seed(1)
+    seq_lens = [15, 16, 17, 33, 1]
+    k = torch.randn(48, BLOCK, kv_heads, head_dim, generator=g).bfloat16()
+    v = torch.randn(48, BLOCK, kv_heads, head_dim, generator=g).bfloat16()
+    table = torch.randperm(48, generator=g)[:5 * 9].view(5, 9).int()
+    q = torch.randn(5, heads, head_dim, generator=g).bfloat16()
+    lens, starts = torch.tensor(seq_lens), torch.arange(6, dtype=torch.int32)
+    want = paged_attention(q.float(), k.float(), v.float(), table, lens, starts, 0.125, None)
+    got = kernels.paged_decode_attention(q, k, v, table, lens, 0.125, 0)
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=2**-7)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("position", [3, 16])  # in a full chunk of 16 keys, in the last one
+def test_a_non_finite_key_gives_its_heads_nan_as_the_definition_does(bad, position):
+    k, v, table = poisoned_pool([20])
+    q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
+    block, offset = table[0, position // BLOCK], position % BLOCK
+    k[block, offset, 1, 5] = bad  # KV head 1: query heads 3, 4, 5 read it
+    lens, starts = torch.tensor([20]), torch.arange(2, dtype=torch.int32)
+    want = paged_attention(q.float(), k.float(), v.float(), table, lens, starts, 0.125, None)
+    got = kernels.paged_decode_attention(q, k, v, table, lens, 0.125, 0)
+    # a NaN key, or an infinite score (+inf - inf in the softmax), is NaN for its heads; a
+    # score of -inf is a key of weight 0, as the definition makes it
+    assert torch.equal(got.isnan(), want.isnan()) and not got[0, :3].isnan().any()
+    if bad != bad:  # NaN
+        assert got[0, 3:].isnan().all()
+    torch.testing.assert_close(got.float().nan_to_num(), want.nan_to_num(), rtol=2**-7,
+                               atol=2**-7)
+
+
 def test_decode_attention_refuses_a_length_or_block_outside_the_cache():
     k, v, table = poisoned_pool([5])  # two blocks: eight positions
     q = torch.randn(1, HEADS, HEAD_DIM).bfloat16()
