@@ -2,19 +2,19 @@
 
 A decode step of one sequence multiplies one row by every weight. On SmolLM2 (30 layers) with
 int8 weights the products read 163 MB, about 6 ms at this machine's 27 GB/s; the step took
-14 ms, and after the products and the attention what was left was host work: about ten
-Python-level operators a layer (module calls, views, splits, each dispatched from Python at a
-microsecond or more), 2-4 ms a step. A GPU runner hides that by replaying a recorded graph;
-a CPU has no graph to replay, so ``csrc/decode_step.cpp`` holds the layers' weights and
-strings the same kernels together itself: the same operators, in the same order, on the
-same tensors, with the GIL released while it runs. The embedding before the layers and the
-logits after them stay the model's own code.
+14 ms, and after the products, the attention and the small kernels what was left was host
+work: about ten Python-level operators a layer (module calls, views, splits, each dispatched
+from Python at a microsecond or more), about 4.5 ms a step. A GPU runner hides that by
+replaying a recorded graph; a CPU has no graph to replay, so ``csrc/decode_step.cpp`` holds
+the layers' weights and strings the same kernels together itself: the same operators, in the
+same order, on the same tensors, with the GIL released while it runs. The embedding before
+the layers and the logits after them stay the model's own code.
 
 It runs a step only where every layer is one it can run and every op is the tier's own:
 a Llama-family model (no per-head q/k norms) in bf16 whose products are all on our kernels
 (``quant_layers.py``), an unquantized bf16 cache, a step of decodes only, and the backend's
 ops not swapped (a test's failing op, a wrapper): anything else runs the modules as before.
-Its results are the modules' results, bit for bit (``tests/unit/test_decode_step.py``).
+Its results are the modules' results, bit for bit (``tests/engine/test_decode_step.py``).
 """
 
 import torch
@@ -90,8 +90,7 @@ class DecodeStep:
                         attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
                 return None
         inv_freq = layers[0].self_attn.inv_freq
-        if any(not torch.equal(layer.self_attn.inv_freq, inv_freq)
-                             for layer in layers):
+        if any(not torch.equal(layer.self_attn.inv_freq, inv_freq) for layer in layers):
             return None  # one rotary table a step
         return cls(ext, model, inv_freq, ops)
 
