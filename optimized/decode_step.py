@@ -33,18 +33,17 @@ from .layers import MergedLlamaAttention, MergedLlamaMLP
 from .quant_layers import PackedBF16Linear, PackedInt4Linear, PackedInt8Linear
 
 NONE = torch.empty(0)  # a Product's tensor that its kind does not use
+PACKED = (PackedInt8Linear, PackedInt4Linear, PackedBF16Linear)  # what _product takes
 
 
 def _product(ext, module):
-    """A packed linear layer as the C++ stack's Product, or None for any other module."""
+    """A packed linear layer (one of PACKED) as the C++ stack's Product."""
     if isinstance(module, PackedInt8Linear):
         return ext.Product("int8", module.packed, module.scales, module.qsum, module.bias, 0)
     if isinstance(module, PackedInt4Linear):
         return ext.Product("int4", module.packed, module.scales, module.zeros, module.bias,
                            module.group_size)
-    if isinstance(module, PackedBF16Linear):
-        return ext.Product("bf16", module.packed, NONE, NONE, module.bias, 0)
-    return None
+    return ext.Product("bf16", module.packed, NONE, NONE, module.bias, 0)  # PackedBF16Linear
 
 
 def _ops(backend: Backend) -> tuple:
@@ -86,7 +85,7 @@ class DecodeStep:
                     and type(mlp) is MergedLlamaMLP and not attn.qk_norm
                     and attn.head_dim in (32, 64)
                     and layer.input_layernorm.eps == layer.post_attention_layernorm.eps
-                    and all(_product(ext, m) is not None for m in (
+                    and all(isinstance(m, PACKED) for m in (
                         attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
                 return None
         inv_freq = layers[0].self_attn.inv_freq
