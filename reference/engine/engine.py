@@ -29,6 +29,7 @@ from ..model.loader import load_tokenizer
 from ..model.quantization import float_linears, weight_bytes
 from ..model.tensor_parallel import attention_heads
 from ..ops import SamplerOutput
+from .client import ModelLimits
 from .beam_search import BeamSearchParams, rank_beams, select_beams
 from .config import EngineArgs, EngineConfig
 from .detokenizer import IncrementalDetokenizer
@@ -213,6 +214,15 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._compiling)
+
+    def has_request(self, request_id: str) -> bool:
+        """Does the engine hold this request (queued, compiling, running)? (client.py)"""
+        return request_id in self.groups
+
+    @property
+    def limits(self) -> ModelLimits:
+        """What a front end checks requests against (client.py)."""
+        return ModelLimits(self.config.max_model_len, self.vocab_size, self.config.max_logprobs)
 
     def add_step_observer(self, observer: StepObserver) -> None:
         """Call observer(engine, scheduler_output, step_inputs) in every step, just before the

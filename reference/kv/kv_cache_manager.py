@@ -155,6 +155,13 @@ class PagedKVCacheManager:
         """(cpu block, gpu block) pairs whose data the cache engine must move."""
         return self.manager.swap_in([s.seq_id for s in group.unfinished_seqs()])
 
+    def get_block_ids(self, seq) -> tuple[list[int], ...]:
+        """A copy of the sequence's block table, one list per KV cache group (vLLM's
+        ``KVCacheManager.get_block_ids``): for figures, benchmarks and tests, which must never
+        hold the live tables."""
+        return (list(self.manager.block_ids(seq.seq_id)) if self.manager.holds(seq.seq_id)
+                else [],)
+
     # -- for the step's inputs ----------------------------------------------------------------
     def block_table(self, seq) -> list[int]:
         """The sequence's blocks in order (read-only: the live table, not a copy)."""
@@ -237,6 +244,9 @@ class ContiguousKVCacheManager:
     def free_seq(self, seq) -> None:
         if self.allocator.holds(seq.seq_id):
             self.allocator.free(seq.seq_id)
+
+    def get_block_ids(self, seq) -> tuple[list[int], ...]:
+        return (self.block_table(seq) if self.allocator.holds(seq.seq_id) else [],)
 
     def block_table(self, seq) -> list[int]:
         start, _ = self.allocator.slab(seq.seq_id)
