@@ -66,7 +66,7 @@ class ModelRunner(ReferenceModelRunner):
     profiles_kv_cache = True
     captures_graphs = True
 
-    def __init__(self, model, config):
+    def __init__(self, model, config, rank: int = 0):
         model = merge_projections(model)
         on_cpu = next(model.parameters()).device.type == "cpu"
         if on_cpu and config.dtype == torch.float32:
@@ -77,7 +77,7 @@ class ModelRunner(ReferenceModelRunner):
             model = pack_linears_for_cpu(model, config.dtype)  # our kernel or torch's
         else:  # CUDA, or the kernels under the interpreter
             model = triton_quantized_linears(model)
-        super().__init__(model, config)
+        super().__init__(model, config, rank)
         if on_cpu and not interpreting() and config.dtype == torch.bfloat16 and cpu_kernels():
             # The tier's own ops (not ones swapped in), which without Triton would run
             # their twins, as one pass each: the norm's ten operators, the K/V write's
@@ -92,7 +92,6 @@ class ModelRunner(ReferenceModelRunner):
             if on_cpu and not interpreting() and not config.enforce_eager \
             and config.tensor_parallel_size == 1 else None
         sc = config.scheduler_config
-        self.config = config
         self.device = next(self.model.parameters()).device
         self.max_blocks = -(-sc.max_model_len // config.block_size)
         tokens = max(sc.max_num_batched_tokens, sc.max_num_seqs)
@@ -179,7 +178,7 @@ class ModelRunner(ReferenceModelRunner):
     # -- the forward ----------------------------------------------------------------------------
     # --8<-- [start:execute]
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> torch.Tensor:
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
         """logits [S, vocab] for the step's logits_indices rows."""
         T, B = inputs.input_ids.shape[0], inputs.attn_metadata.seq_lens.shape[0]
         if self.use_graphs and T == B and B <= max(self.graph_sizes, default=0):

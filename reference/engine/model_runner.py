@@ -1,7 +1,10 @@
 """The model runner: the seam between the engine and model execution (vLLM's GPUModelRunner).
 
 The engine schedules, keeps the KV bookkeeping, builds each step's ``StepInputs``, samples and
-updates. The runner holds the model and runs it: ``execute(step_inputs) -> logits``. This is the
+updates. The runner holds the model and the KV tensors and runs it: it says what its layers
+cache (``get_kv_cache_spec``), allocates the pool the engine sized (``initialize_kv_cache``),
+carries out the step's block moves (``move_blocks``) and runs the forward
+(``execute(step_inputs) -> logits``). This is the
 one place a tier differs. The reference runner below is the readable model, called with the
 reference's attention context; ``pagedllm.optimized`` has a runner of its own (merged
 projections, persistent buffers, CUDA graphs, profiled KV sizing, attention planned once per
@@ -15,8 +18,9 @@ checks read (``config.py``), so that a tier refuses what it does not run at the 
 
 import torch
 
-from ..kv import CacheEngine
+from ..kv import CacheEngine, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from ..model import KVCacheQuant, PagedAttention
+from ..model.tensor_parallel import attention_heads
 from ..ops import Backend, SamplerOutput, SamplingMetadata
 from .step_inputs import StepInputs
 
@@ -27,20 +31,38 @@ class ModelRunner:
     profiles_kv_cache = False  # sizes the KV pool by a profiling step (gpu_memory_utilization)
     captures_graphs = False  # CUDA graphs, or a CPU decode stack (enforce_eager turns them off)
 
-    def __init__(self, model: torch.nn.Module, config) -> None:
-        """config: the EngineConfig (backend, budgets, block size) the engine was built from."""
+    def __init__(self, model: torch.nn.Module, config, rank: int = 0) -> None:
+        """config: the EngineConfig (backend, budgets, block size) the engine was built from;
+        rank: which tensor-parallel rank's shard `model` is (its KV heads)."""
         self.model = model
+        self.config, self.rank = config, rank
         self.backend: Backend = config.backend
+        self.cache_engine: CacheEngine | None = None  # initialize_kv_cache builds it
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
         self.kv_quant = KVCacheQuant()
 
-    def bind_kv_cache(self, cache_engine: CacheEngine) -> None:
-        """The KV pool (one K and one V tensor per layer, allocated by the cache engine) and how
-        it is quantized (its scales)."""
-        self.cache_engine = cache_engine
-        self.k_caches, self.v_caches = cache_engine.gpu_k, cache_engine.gpu_v
-        self.kv_quant = cache_engine.quant
+    # --8<-- [start:kv_cache]
+    def get_kv_cache_spec(self, block_size: int) -> tuple[KVCacheGroupSpec, ...]:
+        """What this runner's layers cache, for blocks of block_size tokens: one group of
+        full-attention layers, with this rank's KV heads (vLLM's ``get_kv_cache_spec``)."""
+        cfg, config = self.config.model_config, self.config
+        heads = attention_heads(cfg, self.rank, config.tensor_parallel_size)[1]
+        windows = set(cfg.sliding_windows)
+        spec = FullAttentionSpec(block_size, len(heads), cfg.head_dim, config.dtype,
+                                 config.kv_cache_dtype,
+                                 windows.pop() if len(windows) == 1 else None)
+        return (KVCacheGroupSpec(tuple(range(cfg.num_layers)), spec),)
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        """Allocate the KV pool the engine decided on (one K and one V tensor per layer, on
+        this runner's device, and the CPU swap space) and how it is quantized."""
+        device = next(self.model.parameters()).device
+        self.cache_engine = CacheEngine.from_kv_cache_config(
+            kv_cache_config, device, self.backend, self.config.calculate_kv_scales)
+        self.k_caches, self.v_caches = self.cache_engine.gpu_k, self.cache_engine.gpu_v
+        self.kv_quant = self.cache_engine.quant
+    # --8<-- [end:kv_cache]
 
     def move_blocks(self, blocks_to_swap_out: list[tuple[int, int]],
                     blocks_to_swap_in: list[tuple[int, int]],
@@ -49,9 +71,17 @@ class ModelRunner:
         tensor-parallel runner also has every rank do them on its own pool)."""
         self.cache_engine.apply(blocks_to_swap_out, blocks_to_swap_in, blocks_to_copy)
 
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """logits [S, vocab] for the step's logits_indices rows. fp8 with calculate_kv_scales
+        takes its scales from the first forward: once one has finished, they stay (a failed
+        forward leaves the flag set, so no layer keeps a scale of a batch thrown away)."""
+        logits = self.forward(inputs)
+        self.kv_quant.calculate_scales = False
+        return logits
+
     # --8<-- [start:execute]
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> torch.Tensor:
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
         """One forward over every scheduled token of every sequence, laid flat."""
         attn = PagedAttention(inputs.attn_metadata, self.k_caches, self.v_caches,
                               self.backend, self.kv_quant)

@@ -42,18 +42,15 @@ import os
 import pickle
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..kv import CacheEngine
-from ..model import load_model
-from ..model.gguf import converted_from
-from ..model.quantization import quantize_model
-from ..model.tensor_parallel import attention_heads, load_model_shard, row_parallel_absmax
+from ..kv import KVCacheConfig
+from ..model.rank_loader import load_rank_model
 from .step_inputs import StepInputs
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=30)  # a hung rank fails the step after this
@@ -65,40 +62,6 @@ class WorkerDiedError(RuntimeError):
     """A tensor-parallel rank stopped: the engine is down and must be rebuilt."""
 
 
-def load_rank_model(config, rank: int = 0) -> torch.nn.Module:
-    """The model rank `rank` runs: the whole checkpoint, or its shard when the engine is
-    tensor-parallel (its slices read, nothing else); quantized as the config says."""
-    tp = config.tensor_parallel_size
-    if tp == 1:
-        model = load_model(config.model_dir, dtype=config.dtype, device=config.device)
-    else:
-        model = load_model_shard(config.model_dir, rank, tp, config.dtype, rank_device(config,
-                                                                                          rank))
-    if config.quantization is not None:  # the float weights are dropped layer by layer
-        # int8 scales whole rows, which a row-parallel shard holds a slice of
-        row_absmax = row_parallel_absmax(model, config.model_dir, config.dtype) \
-            if tp > 1 and config.quantization == "int8" else None
-        model = quantize_model(model, config.quantization, config.quantization_group_size,
-                               config.quantization_skip, converted_from(config.model_dir),
-                               row_absmax)
-    return model
-
-
-def rank_device(config, rank: int) -> torch.device:
-    """One GPU per rank (cuda:0, cuda:1, ...); every rank of a CPU engine on the CPU."""
-    return torch.device("cuda", rank) if config.device.type == "cuda" else config.device
-
-
-def cache_engine_for(config, rank: int, backend) -> CacheEngine:
-    """Rank's KV pool: every block of the engine's pool, for this rank's KV heads only."""
-    cfg = config.model_config
-    heads = len(attention_heads(cfg, rank, config.tensor_parallel_size)[1])
-    return CacheEngine(cfg.num_layers, heads, cfg.head_dim, config.block_size,
-                       config.num_gpu_blocks, config.swap_space_blocks, config.dtype,
-                       rank_device(config, rank), backend, config.kv_cache_dtype,
-                       config.calculate_kv_scales)
-
-
 @dataclass
 class StepMessage:
     """What a worker needs of a step: the block moves, then the forward's tensors (the
@@ -106,6 +69,8 @@ class StepMessage:
 
     moves: list[tuple[list, list, list]]  # (swap_out, swap_in, copy) per engine step
     inputs: StepInputs | None  # None: shut down
+    # the pool the engine sized, with the first step: each rank allocates its own heads' share
+    kv_cache_config: KVCacheConfig | None = None
 
 
 def torchrun_rank() -> int | None:
@@ -124,6 +89,7 @@ class TensorParallelRunner:
         self.world_size = config.tensor_parallel_size
         self.step_number = 0
         self.pending_moves: list[tuple[list, list, list]] = []
+        self.pending_kv_cache_config: KVCacheConfig | None = None
         self.publish_seconds: list[float] = []  # per step: putting it in the store
         self.error: BaseException | None = None
         self.workers, self.store = _start_ranks(config)
@@ -138,8 +104,17 @@ class TensorParallelRunner:
     def backend(self):
         return self.runner.backend
 
-    def bind_kv_cache(self, cache_engine: CacheEngine) -> None:
-        self.runner.bind_kv_cache(cache_engine)
+    @property
+    def cache_engine(self):
+        return self.runner.cache_engine  # rank 0's pool (its KV heads)
+
+    def get_kv_cache_spec(self, block_size: int):
+        return self.runner.get_kv_cache_spec(block_size)  # rank 0's heads
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        """Rank 0's pool now; the workers allocate theirs with the first step."""
+        self.runner.initialize_kv_cache(kv_cache_config)
+        self.pending_kv_cache_config = kv_cache_config
 
     def move_blocks(self, swap_out, swap_in, copy) -> None:
         self.check_health()
@@ -153,9 +128,10 @@ class TensorParallelRunner:
         self.check_health()
         try:
             start = time.perf_counter()
-            self._publish(StepMessage(self.pending_moves, _without_sampling(inputs)))
+            self._publish(StepMessage(self.pending_moves, _without_sampling(inputs),
+                                      self.pending_kv_cache_config))
             self.publish_seconds.append(time.perf_counter() - start)
-            self.pending_moves = []
+            self.pending_moves, self.pending_kv_cache_config = [], None
             logits = self.runner.execute(inputs)  # collectives with every rank inside
         except BaseException as err:
             # The ranks are now out of step (some inside a collective, some not): end
@@ -337,21 +313,22 @@ def run_torchrun_worker(config) -> None:
 
 # --8<-- [start:worker]
 def serve_steps(config, rank: int, store: dist.Store, parent_pid: int | None) -> None:
-    """One rank's loop: its shard, its pool; each step's block moves, then its
-    forward."""
-    runner = config.model_runner(load_rank_model(config, rank), config)
-    cache_engine = cache_engine_for(config, rank, runner.backend)
-    runner.bind_kv_cache(cache_engine)
+    """One rank's loop: its shard; its pool, as rank 0 sized it (with the first step); each
+    step's block moves, then its forward."""
+    runner = config.model_runner(load_rank_model(config, rank), config, rank)
     store.set(f"pagedllm/loaded/{rank}", "1")  # rank 0 may start
     step = 0
     while True:
         message = _next_step(store, step, parent_pid)
         if message.inputs is None:
             return
+        if message.kv_cache_config is not None:  # the same blocks, this rank's KV heads
+            pool = message.kv_cache_config
+            runner.initialize_kv_cache(replace(
+                pool, kv_cache_groups=runner.get_kv_cache_spec(pool.block_size)))
         for moves in message.moves:
             runner.move_blocks(*moves)
         runner.execute(message.inputs)  # the collectives: rank 0 gets the logits
-        cache_engine.quant.calculate_scales = False  # fp8: set by the first forward
         step += 1
 # --8<-- [end:worker]
 

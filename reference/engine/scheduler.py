@@ -28,8 +28,17 @@ in, to copy (copy-on-write) — which the cache engine carries out before the fo
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .sequence import Sequence, SequenceGroup, SequenceStatus
+import torch
+
+from .beam_step import beam_step
+from .output_processor import OutputProcessor
+from .prompt_logprobs import collect_prompt_logprobs
+from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
+
+if TYPE_CHECKING:  # step_inputs imports this module's ScheduledSeq
+    from .step_inputs import ModelRunnerOutput
 
 
 @dataclass
@@ -74,9 +83,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv):
+    def __init__(self, config: SchedulerConfig, kv,
+                 output_processor: OutputProcessor | None = None):
         self.config = config
         self.kv = kv  # PagedKVCacheManager or ContiguousKVCacheManager: bookkeeping only
+        # the sampled tokens' text, stops and grammars (update_from_output)
+        self.output_processor = output_processor or OutputProcessor(None, None,
+                                                                    config.max_model_len)
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
@@ -101,15 +114,75 @@ class Scheduler:
     def groups_holding_memory(self) -> list[SequenceGroup]:
         return [*self.running, *self.swapped]
 
+    def abort(self, group: SequenceGroup, reason: str = "abort") -> None:
+        """End a request now (aborted, or its step failed): out of its queue, its memory
+        freed, its unfinished sequences finished with `reason`."""
+        self.remove(group)
+        for seq in group.unfinished_seqs():
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        self.finish_static_batch_if_done()
+
     # --8<-- [start:update_from_output]
-    def update_from_output(self, out: "SchedulerOutput") -> None:
-        """After the forward: the scheduled tokens are computed. Their counts move on, and
-        full blocks become findable by later prompts (prefix cache)."""
+    def update_from_output(self, out: SchedulerOutput,
+                           output: "ModelRunnerOutput") -> list[SequenceGroup]:
+        """After the forward, the one place its results change the requests and their KV:
+        the scheduled tokens are computed (counts move on; full blocks become findable by
+        later prompts), prompt rows give their prompt logprobs, the sampled tokens join
+        their sequences (n > 1 prompts fork first, beams are selected, stops and grammars
+        are checked), and what finished frees its blocks. Returns the requests the step
+        touched, for the engine to turn into outputs."""
         for item in out.scheduled:
             kind = "prefill_tokens" if item.seq.is_prefill else "decode_tokens"
             self.counters[kind] += item.num_tokens
             item.seq.num_computed_tokens += item.num_tokens
             self.kv.mark_computed(item.seq)
+        collect_prompt_logprobs(output.prompt_rows, output.prompt_logits)
+        self._append_sampled(output)
+        touched = list(dict.fromkeys(item.group for item in out.scheduled))
+        self.finish_requests(touched)
+        return touched
+
+    def _append_sampled(self, output: "ModelRunnerOutput") -> None:
+        sampled = output.sampled
+        tokens, logprobs = sampled.token_ids.tolist(), sampled.logprobs.tolist()
+        top_ids, top_lps = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
+        samples: dict[int, dict[int, Sequence]] = {}  # prompt's seq id -> index -> sample
+        for row in output.rows:  # a prompt of n > 1 samples forks before any token is added
+            seq = row.item.seq
+            if row.sample_index != seq.index and seq.seq_id not in samples:
+                samples[seq.seq_id] = self._fork_samples(row.item.group, seq)
+        beam_rows: dict[SequenceGroup, list[int]] = {}
+        for r, row in enumerate(output.rows):
+            group, seq = row.item.group, row.item.seq
+            if group.is_beam_search:
+                beam_rows.setdefault(group, []).append(r)
+                continue
+            seq = samples.get(seq.seq_id, {}).get(row.sample_index, seq)
+            num_logprobs = group.sampling_params.logprobs
+            top = (dict(zip(top_ids[r][:num_logprobs], top_lps[r][:num_logprobs], strict=True))
+                   if num_logprobs else {})
+            self.output_processor.append_token(group, seq, tokens[r], logprobs[r], top)
+            if seq.is_finished and not group.is_finished:
+                self.kv.free_seq(seq)  # a finished sample's blocks go back now
+        for group, rows in beam_rows.items():
+            beam_step(group, torch.log_softmax(output.logits[rows].float(), dim=-1), self.kv,
+                      self.output_processor.eos_token_id, self.config.max_model_len)
+
+    # --8<-- [start:fork_samples]
+    def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> dict[int, Sequence]:
+        """After the prompt of an n > 1 request, n - 1 children fork from the parent,
+        sharing every prompt block (reference counts up, nothing copied); child i draws
+        from stream seed + i."""
+        for index in range(1, group.sampling_params.n):
+            child = Sequence(next_seq_id(), list(seq.prompt_token_ids),
+                             num_computed_tokens=seq.num_computed_tokens,
+                             status=SequenceStatus.RUNNING, index=index,
+                             # its own parser, in the parent's state (no token yet)
+                             matcher=None if seq.matcher is None else seq.matcher.fork())
+            self.kv.fork(seq, child)
+            group.seqs.append(child)
+        return {s.index: s for s in group.seqs}
+    # --8<-- [end:fork_samples]
 
     def finish_requests(self, groups: list[SequenceGroup]) -> None:
         """The step's finished groups leave; their memory is free for the next step (a static
@@ -166,7 +239,7 @@ class Scheduler:
             if self._tokens_left(out) < len(seqs):
                 self.running.append(group)  # no budget this step; it keeps its memory
                 continue
-            while not self.kv.can_append(group):
+            while not self.kv.can_allocate_slots(group):
                 victim = queue.pop() if queue else group  # the latest arrival gives way
                 self._preempt(victim, out)
                 if victim is group:
@@ -237,7 +310,7 @@ class Scheduler:
     def _append(self, seq: Sequence, out: SchedulerOutput) -> None:
         """A slot for the token the sequence computes this step; a shared last block is copied
         first (copy-on-write), which the cache engine does before the forward."""
-        copy = self.kv.append(seq)
+        copy = self.kv.allocate_slots(seq, num_new_tokens=1)
         if copy is not None:
             out.blocks_to_copy.append(copy)
 

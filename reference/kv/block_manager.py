@@ -190,55 +190,75 @@ class BlockSpaceManager:
         return table.num_tokens < len(table.blocks) * self.block_size
     # --8<-- [end:last_block_has_room]
 
-    def append_needs_block(self, seq_id: int) -> bool:
-        """Does the sequence's next token need a free block (its last is full, or shared)?"""
-        table = self._table(seq_id, device="gpu")
-        return not (self._last_block_has_room(table)
-                    and self.gpu.ref_counts[table.blocks[-1]] == 1)
-
-    def num_blocks_to_append(self, seq_ids: list[int], device: str = "gpu") -> int:
-        """Free blocks the sequences' next tokens take together (a group appends together):
-        a fresh block where the last is full; a copy where it is shared — except for the last
-        of these sharers to write, when nobody else holds the block (by then it owns it alone).
-        device "cpu": what the swapped-out sequences would take once back in the GPU pool."""
+    def num_blocks_to_append(self, seq_ids: list[int], device: str = "gpu",
+                             num_slots: int = 1) -> int:
+        """Free blocks the sequences' next num_slots tokens each take together (a group
+        appends together): fresh blocks past the last one's room; a copy where the last block
+        is shared and has room — except for the last of these sharers to write, when nobody
+        else holds the block (by then it owns it alone). device "cpu": what the swapped-out
+        sequences would take once back in the GPU pool."""
         pool = self.gpu if device == "gpu" else self.cpu
         needed = 0
         sharers: dict[int, int] = {}
         for seq_id in seq_ids:
             table = self._table(seq_id, device)
-            if not self._last_block_has_room(table):
-                needed += 1  # last block full
-            elif pool.ref_counts[table.blocks[-1]] > 1:
+            room = len(table.blocks) * self.block_size - table.num_tokens
+            needed += self.blocks_needed(max(num_slots - room, 0))  # past the last block
+            if room > 0 and pool.ref_counts[table.blocks[-1]] > 1:
                 sharers[table.blocks[-1]] = sharers.get(table.blocks[-1], 0) + 1
         for block, count in sharers.items():
             outside = pool.ref_counts[block] > count
             needed += count if outside else count - 1
         return needed
 
-    def can_append(self, seq_id: int) -> bool:
-        """Can the sequence get a slot for one more token (a new block or a private copy)?"""
-        return not self.append_needs_block(seq_id) or self.gpu.num_free >= 1
+    def can_append(self, seq_id: int, num_slots: int = 1) -> bool:
+        """Can the sequence get slots for num_slots more tokens (new blocks, a private copy)?"""
+        return self.num_blocks_to_append([seq_id], num_slots=num_slots) <= self.gpu.num_free
 
     # --8<-- [start:append_slot]
-    def append_slot(self, seq_id: int) -> tuple[int, tuple[int, int] | None]:
-        """Reserve the slot of the sequence's next token.
+    def append_slots(self, seq_id: int, num_slots: int = 1) -> tuple[int, int] | None:
+        """Reserve the slots of the sequence's next num_slots tokens.
 
-        Returns (slot, copy): copy is (src_block, dst_block) when the last block was
-        shared and had to be copied before this write (copy-on-write), else None.
+        Returns the copy (src_block, dst_block) when the last block was shared and the
+        first new token writes into it (copy-on-write: the copy is made before the write),
+        else None. Fresh blocks follow wherever the last block fills.
         """
         table = self._table(seq_id, device="gpu")
         copy = None
-        if not self._last_block_has_room(table):
-            table.blocks.append(self._new_block(self.gpu))  # last block full: a fresh one
-        elif self.gpu.ref_counts[table.blocks[-1]] > 1:
+        if (num_slots > 0 and self._last_block_has_room(table)
+                and self.gpu.ref_counts[table.blocks[-1]] > 1):
             shared = table.blocks[-1]  # others still read it: write into a private copy
             table.blocks[-1] = self._new_block(self.gpu)
             self.gpu.release(shared)
             copy = (shared, table.blocks[-1])
-        position = table.num_tokens
-        table.num_tokens += 1
-        return self.slot(seq_id, position), copy
+        table.num_tokens += num_slots
+        while len(table.blocks) * self.block_size < table.num_tokens:
+            table.blocks.append(self._new_block(self.gpu))  # last block full: a fresh one
+        return copy
     # --8<-- [end:append_slot]
+
+    def append_slot(self, seq_id: int) -> tuple[int, tuple[int, int] | None]:
+        """One more token's slot: (its slot, the copy-on-write pair or None)."""
+        copy = self.append_slots(seq_id, 1)
+        return self.slot(seq_id, self._lookup(seq_id).num_tokens - 1), copy
+
+    # --8<-- [start:truncate]
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Keep only the slots of the sequence's first num_tokens tokens: the slots booked for
+        tokens that were then rejected (speculative decoding) go back. Blocks past the last
+        kept token return to the pool. A block the prefix cache knows is never cut: its key
+        covers computed tokens only, which are never rejected."""
+        table = self._table(seq_id, device="gpu")
+        if not len(table.keys) * self.block_size <= num_tokens <= table.num_tokens:
+            raise ValueError(f"sequence {seq_id} can keep between "
+                             f"{len(table.keys) * self.block_size} (its prefix-cached blocks) "
+                             f"and {table.num_tokens} (its slots) tokens, not {num_tokens}")
+        keep = self.blocks_needed(num_tokens)
+        for block in reversed(table.blocks[keep:]):
+            self.gpu.release(block)
+        del table.blocks[keep:]
+        table.num_tokens = num_tokens
+    # --8<-- [end:truncate]
 
     # --8<-- [start:slot]
     def slot(self, seq_id: int, position: int) -> int:

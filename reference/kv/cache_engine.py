@@ -24,6 +24,7 @@ import torch
 
 from ..ops import REFERENCE_BACKEND, Backend
 from ..ops.kv_quant import KVCacheQuant, hadamard, kv_cache_format
+from .kv_cache_spec import KVCacheConfig
 
 
 class CacheEngine:
@@ -68,6 +69,18 @@ class CacheEngine:
             self.quant = KVCacheQuant(fmt.name, ones(), ones(), calculate_kv_scales)
         else:
             self.quant = KVCacheQuant()
+
+    @classmethod
+    def from_kv_cache_config(cls, kv_cache_config: KVCacheConfig, device: str | torch.device,
+                             backend: Backend = REFERENCE_BACKEND,
+                             calculate_kv_scales: bool = False) -> "CacheEngine":
+        """The pool the engine decided on, with the heads of this rank's spec (one group of
+        full-attention layers: the tensors above are per layer, indexed by block)."""
+        (group,) = kv_cache_config.kv_cache_groups
+        spec = group.kv_cache_spec
+        return cls(len(group.layer_ids), spec.num_kv_heads, spec.head_size, spec.block_size,
+                   kv_cache_config.num_blocks, kv_cache_config.num_cpu_blocks, spec.dtype,
+                   device, backend, spec.kv_cache_dtype, calculate_kv_scales)
 
     def nbytes(self) -> int:
         """Bytes of the device pool: values and scales."""

@@ -178,6 +178,18 @@ class ContiguousAllocator:
         slab.num_tokens += 1
         return slot
 
+    def can_grow(self, request_id: int, num_tokens: int) -> bool:
+        """Does the request's slab cover num_tokens tokens of what it declared?"""
+        return num_tokens <= self._slab(request_id).will_use
+
+    def truncate(self, request_id: int, num_tokens: int) -> None:
+        """Keep the slots of the first num_tokens tokens (the slab stays reserved)."""
+        slab = self._slab(request_id)
+        if not 0 <= num_tokens <= slab.num_tokens:
+            raise ValueError(f"request {request_id} holds {slab.num_tokens} tokens; it cannot "
+                             f"keep {num_tokens}")
+        slab.num_tokens = num_tokens
+
     def free(self, request_id: int) -> None:
         """Release the whole slab: its slots become a free gap (merged with free neighbours)."""
         slab = self._slab(request_id)

@@ -8,9 +8,11 @@ Two layouts behind the same verbs, so one scheduler drives either:
   reserves, at admission, a slab for everything it may ever hold (policy max / pow2 / oracle);
   it never needs more, so it never waits for memory once running, but pays up front.
 
-Verbs: can_admit / admit (a waiting group's tokens), can_append / append (a slot for the token
-each running sequence computes next), free, fork, swap_out / swap_in (paged only), and for the
-step's inputs block_table / slot_mapping. Where data must move, a verb returns block pairs and
+Verbs: can_admit / admit (a waiting group's tokens), can_allocate_slots / allocate_slots (slots
+for the tokens each running sequence computes next, and for lookahead tokens that may yet be
+rejected), truncate_slots (give the rejected ones back), free, fork, swap_out / swap_in (paged
+only), and for the step's inputs block_table / slot_mapping; get_block_ids, a copy, for anyone
+else. Where data must move, a verb returns block pairs and
 the scheduler passes them on in its output; the cache engine (``cache_engine.py``) moves them.
 
 A group is anything with ``seqs``, ``unfinished_seqs()``, ``sampling_params.max_tokens`` and
@@ -107,22 +109,37 @@ class PagedKVCacheManager:
         if self.manager.prefix_cache is not None:  # else nothing is looked up later
             self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
-    def can_append(self, group) -> bool:
-        """Blocks for one more token per sequence: a fresh block where the last is full; a copy
-        where it is shared — except for the last of the group's sharers to write, when nobody
-        outside the group holds the block (by then it owns the block alone)."""
+    def can_allocate_slots(self, group, num_new_tokens: int = 1,
+                           num_lookahead_tokens: int = 0) -> bool:
+        """Blocks for num_new_tokens (+ lookahead) more tokens per sequence of the group: fresh
+        blocks past the last one's room; a copy where it is shared — except for the last of the
+        group's sharers to write, when nobody outside the group holds the block (by then it owns
+        the block alone)."""
         seq_ids = [s.seq_id for s in group.unfinished_seqs()]
-        return self.manager.num_blocks_to_append(seq_ids) <= self.num_free_blocks
+        return self.manager.num_blocks_to_append(
+            seq_ids, num_slots=num_new_tokens + num_lookahead_tokens) <= self.num_free_blocks
 
     # --8<-- [start:append]
-    def append(self, seq) -> tuple[int, int] | None:
-        """A slot for the newest token, whose K/V this step computes. Returns the block pair
-        to copy first when the last block was shared (copy-on-write), else None."""
-        _, copy = self.manager.append_slot(seq.seq_id)
+    def allocate_slots(self, seq, num_new_tokens: int = 1,
+                       num_lookahead_tokens: int = 0) -> tuple[int, int] | None:
+        """Slots for the num_new_tokens tokens whose K/V this step computes, from
+        seq.num_computed_tokens on, and num_lookahead_tokens more after them (tokens proposed
+        but not yet accepted: speculative decoding; ``truncate_slots`` gives back the
+        rejected ones). Slots the sequence already holds count. Returns the block pair to
+        copy first when the last block was shared (copy-on-write), else None."""
+        wanted = seq.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        copy = self.manager.append_slots(
+            seq.seq_id, max(wanted - self.manager.num_tokens(seq.seq_id), 0))
         if copy:
             self.num_cow_copies += 1
         return copy
     # --8<-- [end:append]
+
+    def truncate_slots(self, seq, num_tokens: int) -> None:
+        """Keep the slots of the sequence's first num_tokens tokens, give back the rest (the
+        slots of rejected proposals); the block table shrinks with them. A prefix-cached block
+        is never given back: it holds accepted, computed tokens only."""
+        self.manager.truncate(seq.seq_id, num_tokens)
 
     def free(self, group) -> None:
         for seq in group.seqs:
@@ -230,12 +247,23 @@ class ContiguousKVCacheManager:
     def mark_computed(self, seq) -> None:
         pass  # slabs are never shared, so there is nothing to look up later
 
-    def can_append(self, group) -> bool:
-        return True  # the slab was reserved for every token the request may produce
+    def can_allocate_slots(self, group, num_new_tokens: int = 1,
+                           num_lookahead_tokens: int = 0) -> bool:
+        """The slab was reserved for every token the request may produce; lookahead tokens
+        must fit in it too."""
+        return all(self.allocator.can_grow(s.seq_id, s.num_computed_tokens + num_new_tokens
+                                           + num_lookahead_tokens)
+                   for s in group.unfinished_seqs())
 
-    def append(self, seq) -> None:
-        self.allocator.append_slot(seq.seq_id)
+    def allocate_slots(self, seq, num_new_tokens: int = 1,
+                       num_lookahead_tokens: int = 0) -> None:
+        wanted = seq.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        while self.allocator.num_tokens(seq.seq_id) < wanted:
+            self.allocator.append_slot(seq.seq_id)
         return None  # never a copy: nothing is shared
+
+    def truncate_slots(self, seq, num_tokens: int) -> None:
+        self.allocator.truncate(seq.seq_id, num_tokens)
 
     def free(self, group) -> None:
         for seq in group.seqs:
