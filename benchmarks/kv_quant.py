@@ -90,7 +90,7 @@ def window_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
     inputs = StepInputs(input_ids=torch.tensor(ids), positions=torch.arange(T), attn_metadata=md,
                         logits_indices=torch.arange(T), rows=[], sampling=None)
     logits = engine.runner.execute(inputs)  # [T, vocab]
-    engine.cache_engine.quant.calculate_scales = False  # the first window calibrated fp8
+    engine.runner.cache_engine.quant.calculate_scales = False  # the first window calibrated fp8
     return logits.float()
 
 
@@ -123,7 +123,8 @@ def key_absmax(engine: LLMEngine, ids: list[int]) -> float:
     """The largest |key| the model writes for ids (read back from an auto cache)."""
     window_logits(engine, ids)
     T = len(ids)
-    return max(float(k.view(-1, *k.shape[2:])[:T].abs().max()) for k in engine.cache_engine.gpu_k)
+    keys = engine.runner.cache_engine.gpu_k  # per layer [num_blocks, block_size, ...]
+    return max(float(k.view(-1, *k.shape[2:])[:T].abs().max()) for k in keys)
 
 
 @torch.no_grad()

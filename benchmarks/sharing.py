@@ -85,24 +85,31 @@ DIFF_NOTE_PP = 3.0  # a difference from the paper above this many points gets ex
 
 
 # -- the meter -----------------------------------------------------------------------------------
+def table_lengths(kv, seqs) -> list[int]:
+    """Block-table lengths of the sequences that hold blocks, from ``kv.get_block_ids`` (a
+    copy: the meter never holds the engine's live tables)."""
+    return [len(ids) for ids in (kv.get_block_ids(s)[0] for s in seqs) if ids]
+
+
 class BlockMeter:
     """Sums, over snapshots, the blocks held, the blocks without sharing, and the reference
     counts (prompt's full blocks shared only; everything but each sequence's last block)."""
 
-    def __init__(self, manager):
-        self.manager = manager
+    def __init__(self, kv):
+        self.kv = kv
         self.held = self.unshared = self.prompt_only = self.all_but_last = 0
         self.steps = 0
         self.peak_held = self.peak_unshared = 0
 
     def snapshot(self, groups: list[tuple[int, list[int]]]) -> None:
-        """groups: (prompt length, seq ids holding GPU blocks) of every live sequence group."""
-        m, bs = self.manager, self.manager.block_size
-        held = m.gpu.num_blocks - m.num_free_gpu_blocks  # distinct physical blocks in use
-        unshared = sum(len(t.blocks) for t in m.tables.values())  # a private copy each
+        """groups: (prompt length, block-table lengths of its sequences holding blocks) of
+        every live sequence group; together they must hold every table in the pool."""
+        kv, bs = self.kv, self.kv.block_size
+        assert sum(len(lengths) for _, lengths in groups) == kv.num_seqs  # none left out
+        held = kv.num_total_blocks - kv.num_free_blocks  # distinct physical blocks in use
+        unshared = sum(sum(lengths) for _, lengths in groups)  # a private copy each
         prompt_only = all_but_last = 0
-        for prompt_len, seq_ids in groups:
-            lengths = [len(m.tables[i].blocks) for i in seq_ids]
+        for prompt_len, lengths in groups:
             if not lengths:
                 continue
             prompt_only += sum(lengths) - (len(lengths) - 1) * (prompt_len // bs)
@@ -132,42 +139,42 @@ def measure_parallel(llm: LLM, prompts: list[dict], output_lens: list[int], n: i
                      seed: int) -> dict:
     """Savings of parallel sampling with n samples per request, snapshot after every step."""
     engine = llm.engine
-    meter = BlockMeter(engine.kv.manager)
-    original = engine.step
-
-    def step():
-        outputs = original()
-        meter.snapshot([(len(g.seqs[0].prompt_token_ids),
-                         [s.seq_id for s in g.seqs if s.seq_id in meter.manager.tables])
-                        for g in engine.scheduler.running])
-        return outputs
-
+    meter = BlockMeter(engine.kv)
+    # final_only, as LLM.generate asks: the engine builds no output until a request finishes
     params = [SamplingParams(n=n, temperature=1.0, seed=seed * 100_003 + i, max_tokens=m,
-                             ignore_eos=True) for i, m in enumerate(output_lens)]
-    engine.step = step  # an instance attribute shadows the method until deleted
-    try:
-        outs = llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        del engine.step
-    for out, want in zip(outs, output_lens, strict=True):
+                             ignore_eos=True, output_kind="final_only")
+              for i, m in enumerate(output_lens)]
+    ids = [f"parallel-{n}-{i}" for i in range(len(prompts))]
+    for request_id, prompt, p in zip(ids, prompts, params, strict=True):
+        engine.add_request(request_id, prompt, p)
+    # The loop LLM.generate runs, so that the meter reads the pool after every step; between
+    # steps the running groups (read-only) are every request holding blocks.
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update((out.request_id, out) for out in engine.step() if out.finished)
+        meter.snapshot([(len(g.seqs[0].prompt_token_ids), table_lengths(engine.kv, g.seqs))
+                        for g in engine.scheduler.running])
+    for request_id, want in zip(ids, output_lens, strict=True):
+        out = outs[request_id]
         assert len(out.outputs) == n and all(len(c.token_ids) == want for c in out.outputs)
     return meter.result(with_upper=False)
 
 
 def measure_beam(llm: LLM, prompts: list[dict], output_lens: list[int], width: int) -> dict:
     """Savings of beam search of this width, snapshot before every forward of the beams."""
-    meter = BlockMeter(llm.engine.kv.manager)
+    meter = BlockMeter(llm.engine.kv)
+    searching = True  # the engine keeps its observers: this one goes quiet after the searches
 
     def before_forward(engine, sched, inputs):
-        seqs = [item.seq for item in sched.scheduled]
-        assert len(seqs) == len(meter.manager.tables)  # the live beams hold every block
-        meter.snapshot([(len(seqs[0].prompt_token_ids), [s.seq_id for s in seqs])])
+        if searching:  # the live beams hold every block (snapshot checks it)
+            seqs = [item.seq for item in sched.scheduled]
+            meter.snapshot([(len(seqs[0].prompt_token_ids), table_lengths(engine.kv, seqs))])
 
     llm.engine.add_step_observer(before_forward)
     for prompt, max_tokens in zip(prompts, output_lens, strict=True):
         llm.beam_search(prompt, BeamSearchParams(beam_width=width, max_tokens=max_tokens,
                                                  ignore_eos=True))
-    llm.engine.step_observers.remove(before_forward)
+    searching = False
     return meter.result(with_upper=True)
 
 
@@ -228,7 +235,7 @@ def run_savings(model_dir: Path, name: str, num_requests: int, scale: float, see
     stats = llm.stats()
     out["engine"] = {"preemptions": stats["preemptions_recompute"] + stats["preemptions_swap"],
                      "blocks_used_after": stats["blocks_used"],
-                     "tables_after": len(llm.engine.kv.manager.tables),
+                     "tables_after": llm.engine.kv.num_seqs,
                      "cow_copies": stats["cow_copies"]}
     return out
 

@@ -62,15 +62,16 @@ def measure(tier_name: str, model, batch: int, trials: int, steps: int) -> dict:
     prompt = {"prompt_token_ids": engine.tokenizer("The with statement")["input_ids"]}
     plain = tier.SamplingParams(temperature=0.0, max_tokens=3 * trials + 2 * steps + 16,
                                 ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(f"b{i}", prompt, plain)
+    plain_ids = [f"b{i}" for i in range(batch)]
+    for request_id in plain_ids:
+        engine.add_request(request_id, prompt, plain)
     engine.step()  # the prefills
     first = tier.SamplingParams(max_tokens=1,
                                 structured_outputs=StructuredOutputsParams(json=schema(-1)))
     first_ms, _ = timed(lambda: engine.add_request("first", prompt, first))
-    while "first" in engine.groups:
+    while engine.has_request("first"):
         engine.step()
-    compiler = engine._grammars
+    compiler = engine.grammars.compiler  # the engine's, built by the first grammar
     cached_ms, _ = timed(lambda: compiler.lookup(StructuredOutputsParams(json=schema(-1))))
 
     ways = {"step alone": [], "step, compile on the thread": [], "compile inline + step": []}
@@ -93,7 +94,7 @@ def measure(tier_name: str, model, batch: int, trials: int, steps: int) -> dict:
         engine.step()  # their prefills (after the grammar's lookup: it is cached)
         cpu = statistics.median(timed(engine.step)[1] for _ in range(steps))
         for request_id in extra:
-            if request_id in engine.groups:
+            if engine.has_request(request_id):
                 engine.abort_request(request_id)
         return cpu
 
@@ -104,8 +105,10 @@ def measure(tier_name: str, model, batch: int, trials: int, steps: int) -> dict:
                                                ignore_eos=True))
     rows_grammar = decode_ms(tier.SamplingParams(temperature=0.0, max_tokens=steps + 2,
                                                  structured_outputs=spec))
-    for request_id in list(engine.groups):
-        engine.abort_request(request_id)
+    for request_id in plain_ids:  # every other request has finished or was aborted
+        if engine.has_request(request_id):
+            engine.abort_request(request_id)
+    assert not engine.has_unfinished_requests()
     engine.shutdown()
     out = {"tier": tier_name, "vocab": engine.vocab_size, "batch": batch,
            "first_structured_add_ms": first_ms, "cached spec (parse + lookup)_ms": cached_ms,

@@ -12,10 +12,10 @@ and at most four run at a time (max_num_seqs=4). The same workload runs twice:
 - batching="continuous": the scheduler rebuilds the batch every step; a request that finishes
   leaves at once and a waiting one takes its place. Paged memory, blocks of 4 slots.
 
-The script wraps the scheduler's ``schedule`` to record each step's SchedulerOutput (which
-sequences run, how many tokens each computes, how many padding rows static batching adds) and
-reads the engine's queues after each step. It checks that both runs produce the same tokens,
-then draws one row per request and one column per step:
+A step observer (``engine.add_step_observer``), called just before each forward, records the
+step's SchedulerOutput (which sequences run, how many tokens each computes, how many padding rows
+static batching adds) and the scheduler's queues as the step sees them. It checks that both
+runs produce the same tokens, then draws one row per request and one column per step:
 
 - prefill (the prompt's tokens computed), decode (one new token), waiting in the queue,
   admitted but not scheduled this step (continuous batching without chunked prefill: a step that
@@ -62,6 +62,14 @@ def prompt(i: int) -> list[int]:
     return [(11 * i + 7 * j + 3) % 256 for j in range(PROMPT_LENS[i])]
 
 
+def queues(scheduler) -> dict:
+    """Who is running (static batching: finished ones too, still holding their rows) and who
+    waits: the scheduler's queues, read, never changed."""
+    return {"running": [g.request_id for g in scheduler.running],
+            "running_finished": [g.request_id for g in scheduler.running if g.is_finished],
+            "waiting": [g.request_id for g in scheduler.waiting]}
+
+
 def run(model_dir: str, batching: str) -> dict:
     """Run the workload to the end; return per-step records and every request's tokens."""
     llm = LLM(model_dir, max_num_seqs=MAX_NUM_SEQS, batching=batching, **MEMORY[batching])
@@ -72,26 +80,23 @@ def run(model_dir: str, batching: str) -> dict:
                            SamplingParams(temperature=0, max_tokens=OUTPUT_LENS[i],
                                           ignore_eos=True))
     recorded = []
-    schedule = engine.scheduler.schedule
 
-    def recording_schedule():
-        out = schedule()
-        sched = engine.scheduler
-        recorded.append({  # taken before the step runs, as the engine sees it
+    def observe(engine, sched, inputs):  # just before the forward, as the engine sees the step
+        recorded.append({
             "scheduled": [[item.group.request_id, item.num_tokens,
                            "prefill" if item.seq.is_prefill else "decode"]
-                          for item in out.scheduled],
-            "padding_rows": sum(out.padding_rows),
-            "running": [g.request_id for g in sched.running],
-            "running_finished": [g.request_id for g in sched.running if g.is_finished],
-            "waiting": [g.request_id for g in sched.waiting],
+                          for item in sched.scheduled],
+            "padding_rows": sum(sched.padding_rows),
+            **queues(engine.scheduler),
         })
-        return out
 
-    engine.scheduler.schedule = recording_schedule
+    engine.add_step_observer(observe)
     tokens, finished_at, steps = {}, {}, []
     while engine.has_unfinished_requests():
         outputs = engine.step()
+        if len(recorded) == len(steps):  # the observer is not called in a step that runs
+            # nothing; such a step changed no queue after scheduling, so they read the same now
+            recorded.append({"scheduled": [], "padding_rows": 0, **queues(engine.scheduler)})
         record = recorded[-1]
         record["step"] = len(steps)
         record["blocks_used"] = engine.stats()["blocks_used"]

@@ -12,11 +12,12 @@ tokens) arrives. Greedy, ignore_eos, so every request produces exactly max_token
 - enable_chunked_prefill=True, max_num_batched_tokens=32: running decodes are scheduled first
   (one token each), and the prompt fills what is left of the 32-token budget, one chunk a step.
 
-The scheduler's ``schedule`` is wrapped to record each step's SchedulerOutput (who runs, how many
-tokens, prefill or decode). The script checks that both runs produce the same tokens and draws,
-for each mode, the tokens computed per step split into decode tokens, prefill of the short
-prompts and prefill of the long prompt, with the token budget. It writes chunked_prefill.png and
-chunked_prefill.json next to itself and prints a summary.
+A step observer (``engine.add_step_observer``), called just before each forward, records the
+step's SchedulerOutput (who runs, how many tokens, prefill or decode). The script checks that
+both runs produce the same tokens and draws, for each mode, the tokens computed per step split
+into decode tokens, prefill of the short prompts and prefill of the long prompt, with the token
+budget. It writes chunked_prefill.png and chunked_prefill.json next to itself and prints a
+summary.
 
     .venv/bin/python lessons/figures/chunked_prefill.py     # a few seconds
 """
@@ -57,12 +58,11 @@ def run(model_dir: str, chunked: bool) -> dict:
                            SamplingParams(temperature=0, max_tokens=SHORT_OUTPUT,
                                           ignore_eos=True))
     recorded = []
-    schedule = engine.scheduler.schedule
+    budget = engine.config.scheduler_config.max_num_batched_tokens
 
-    def recording_schedule():
-        out = schedule()
+    def observe(engine, sched, inputs):  # just before the forward: the step's work
         tokens = {"decode": 0, "short prefill": 0, "long prefill": 0}
-        for item in out.scheduled:
+        for item in sched.scheduled:
             if not item.seq.is_prefill:
                 tokens["decode"] += item.num_tokens
             elif item.group.request_id == "long":
@@ -71,12 +71,10 @@ def run(model_dir: str, chunked: bool) -> dict:
                 tokens["short prefill"] += item.num_tokens
         recorded.append({"scheduled": [[i.group.request_id, i.num_tokens,
                                         "prefill" if i.seq.is_prefill else "decode"]
-                                       for i in out.scheduled],
-                         "tokens": tokens,
-                         "budget": engine.scheduler.config.max_num_batched_tokens})
-        return out
+                                       for i in sched.scheduled],
+                         "tokens": tokens, "budget": budget})
 
-    engine.scheduler.schedule = recording_schedule
+    engine.add_step_observer(observe)
     tokens, steps, first_token = {}, [], {}
     while engine.has_unfinished_requests():
         if len(steps) == LONG_ARRIVES:
@@ -85,6 +83,9 @@ def run(model_dir: str, chunked: bool) -> dict:
                                SamplingParams(temperature=0, max_tokens=LONG_OUTPUT,
                                               ignore_eos=True))
         outputs = engine.step()
+        if len(recorded) == len(steps):  # the observer is not called in a step that runs nothing
+            recorded.append({"scheduled": [], "tokens": {"decode": 0, "short prefill": 0,
+                                                         "long prefill": 0}, "budget": budget})
         rec = recorded[-1]
         rec["step"] = len(steps)
         for o in outputs:

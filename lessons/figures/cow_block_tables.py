@@ -2,9 +2,11 @@
 
 The script runs the real engine (pagedllm.reference.engine.llm.LLM) on a small random-weight Llama
 checkpoint written to a temporary folder. One request: a prompt of 10 tokens, n = 3 samples of 8
-tokens each (temperature 1, seed 0, ignore_eos), blocks of 4 token slots. It reads the block
-manager's tables (seq_id -> BlockTable) and the GPU pool's reference counts after each step,
-and the blocks in use just before each forward (a step observer, ``engine.add_step_observer``):
+tokens each (temperature 1, seed 0, ignore_eos), blocks of 4 token slots. After each step it
+reads the samples' block tables (copies, ``engine.kv.get_block_ids``) and counts the tables that
+hold each block: the pool's reference count, as the request runs alone. A step observer
+(``engine.add_step_observer``) gives it the request and the blocks in use just before each
+forward:
 
 - after step 1: the prompt was prefilled once, into blocks 0, 1 and 2 (the last one holds 2 of
   its 4 slots); the parent forked two children, so all three samples share the three blocks
@@ -28,6 +30,7 @@ next to itself.
 import argparse
 import json
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -49,17 +52,19 @@ def params(n: int, seed: int) -> SamplingParams:
                           ignore_eos=True)
 
 
-def snapshot(engine, step: int) -> dict:
-    """The group's block tables and the pool's reference counts, read from the real manager."""
-    manager = engine.kv.manager
-    seqs = sorted(engine.groups["r"].seqs, key=lambda s: s.index)
+def snapshot(engine, group, step: int) -> dict:
+    """The group's block tables (copies, from ``engine.kv.get_block_ids``) and their blocks'
+    reference counts. A count is how many tables hold the block: the engine runs this request
+    alone, without prefix caching, so that is the pool's own count."""
+    seqs = sorted(group.seqs, key=lambda s: s.index)
+    tables = {s.seq_id: engine.kv.get_block_ids(s)[0] for s in seqs}
     return {
         "step": step,
         "samples": [{"index": s.index, "seq_id": s.seq_id,
-                     "block_table": list(manager.tables[s.seq_id].blocks),
-                     "tokens_in_cache": manager.tables[s.seq_id].num_tokens,
+                     "block_table": tables[s.seq_id],
+                     "tokens_in_cache": s.num_computed_tokens,
                      "output_token_ids": list(s.output_token_ids)} for s in seqs],
-        "ref_counts": {b: c for b, c in enumerate(manager.gpu.ref_counts) if c},
+        "ref_counts": dict(sorted(Counter(b for t in tables.values() for b in t).items())),
         "blocks_used": engine.stats()["blocks_used"],
         "cow_copies": engine.stats()["cow_copies"],
     }
@@ -69,17 +74,18 @@ def run(model_dir: str) -> dict:
     llm = LLM(model_dir, block_size=BLOCK_SIZE)
     engine = llm.engine
     engine.add_request("r", {"prompt_token_ids": PROMPT}, params(N, SEED))
-    snaps, used, step = [], [], 0
+    snaps, used, groups, step = [], [], [], 0
 
-    def count_blocks(engine, sched, inputs):  # just before the forward: the step's slots are set
+    def observe(engine, sched, inputs):  # just before the forward: the step's slots are set
         used.append(engine.stats()["blocks_used"])
+        groups[:] = [item.group for item in sched.scheduled][:1]  # the request, its samples
 
-    engine.add_step_observer(count_blocks)
+    engine.add_step_observer(observe)
     while engine.has_unfinished_requests():
         engine.step()
         step += 1
         if step <= 2:
-            snaps.append(snapshot(engine, step))
+            snaps.append(snapshot(engine, groups[0], step))
         if step == 2:
             copies_hold_the_same_kv(engine, snaps[-1])
     outputs = [s["output_token_ids"] for s in snaps[-1]["samples"]]
@@ -92,7 +98,7 @@ def copies_hold_the_same_kv(engine, snap: dict) -> None:
     filled = len(PROMPT) % BLOCK_SIZE  # prompt tokens in the partly filled last block
     if not filled:
         return  # the prompt filled its last block: nothing was shared-and-written, no copies
-    tensors = engine.cache_engine  # the KV tensors: per layer [num_blocks, block_size, ...]
+    tensors = engine.runner.cache_engine  # the KV tensors: per layer [num_blocks, block_size, ...]
     last = {s["index"]: s["block_table"][-1] for s in snap["samples"]}
     for cache in (*tensors.gpu_k, *tensors.gpu_v):  # every layer, K and V
         for i in range(N - 1):

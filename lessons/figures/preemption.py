@@ -14,8 +14,9 @@ must preempt. The same workload runs three times:
 - a pool of 256 blocks, where nothing is preempted: the reference answer.
 
 It checks that all three runs produce the same tokens and that the preemption counters moved.
-The scheduler's ``schedule`` is wrapped to record each step's SchedulerOutput (who runs, how
-many tokens, who was preempted); the queues and ``engine.stats()`` are read after each step.
+A step observer (``engine.add_step_observer``), called just before each forward, records the
+step's SchedulerOutput (who runs, how many tokens, who was preempted); ``engine.stats()`` is read
+after each step (blocks, queues, swap-ins).
 The figure has one column per mode:
 
 - top: KV blocks in use on the GPU (and, for swap, blocks parked in the CPU pool) against the
@@ -66,13 +67,10 @@ def run(model_dir: str, mode: str, num_gpu_blocks: int) -> dict:
                            SamplingParams(temperature=0, max_tokens=OUTPUT_LENS[i],
                                           ignore_eos=True))
     recorded = []
-    schedule = engine.scheduler.schedule
 
-    def recording_schedule():
-        swap_ins = engine.scheduler.counters["swap_ins"]
-        out = schedule()
+    def record(engine, sched, inputs):  # just before the forward: who runs, who was preempted
         tokens = {"decode": 0, "prefill": 0, "recompute": 0}
-        for item in out.scheduled:
+        for item in sched.scheduled:
             if not item.seq.is_prefill:
                 tokens["decode"] += item.num_tokens
             elif item.seq.output_token_ids:  # a prefill of a request that had generated tokens
@@ -80,20 +78,26 @@ def run(model_dir: str, mode: str, num_gpu_blocks: int) -> dict:
             else:
                 tokens["prefill"] += item.num_tokens
         recorded.append({
-            "scheduled": [[i.group.request_id, i.num_tokens] for i in out.scheduled],
+            "scheduled": [[i.group.request_id, i.num_tokens] for i in sched.scheduled],
             "tokens": tokens,
-            "preempted": [g.request_id for g in out.preempted],
-            "swapped_in": engine.scheduler.counters["swap_ins"] - swap_ins,
+            "preempted": [g.request_id for g in sched.preempted],
         })
-        return out
 
-    engine.scheduler.schedule = recording_schedule
-    tokens, steps = {}, []
+    engine.add_step_observer(record)
+    tokens, steps, before = {}, [], engine.stats()
     while engine.has_unfinished_requests():
         outputs = engine.step()
         stats = engine.stats()
+        if len(recorded) == len(steps):  # the observer is not called in a step that runs nothing
+            assert all(stats[k] == before[k] for k in ("preemptions_recompute",
+                                                       "preemptions_swap")), \
+                "a step that ran nothing preempted: its victims would go unrecorded"
+            recorded.append({"scheduled": [],
+                             "tokens": {"decode": 0, "prefill": 0, "recompute": 0},
+                             "preempted": []})
         rec = recorded[-1]
-        rec.update(step=len(steps), blocks_used=stats["blocks_used"],
+        rec.update(swapped_in=stats["swap_ins"] - before["swap_ins"],
+                   step=len(steps), blocks_used=stats["blocks_used"],
                    cpu_blocks=stats["swapped_blocks"], running=stats["running"],
                    waiting=stats["waiting"], swapped=stats["swapped"],
                    finished=[o.request_id for o in outputs if o.finished])
@@ -101,6 +105,7 @@ def run(model_dir: str, mode: str, num_gpu_blocks: int) -> dict:
             if o.finished:
                 tokens[o.request_id] = o.outputs[0].token_ids
         steps.append(rec)
+        before = stats
     final = engine.stats()
     assert final["blocks_used"] == 0 and final["swapped_blocks"] == 0, "blocks leaked"
     return {"steps": steps, "tokens": tokens, "stats": final}

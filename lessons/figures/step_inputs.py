@@ -97,7 +97,7 @@ def capture(engine, sched, inputs) -> dict:
             "request_id": item.group.request_id, "seq_id": seq.seq_id, "kind": kind(item),
             "rows": [starts[b], starts[b + 1]], "num_tokens": item.num_tokens,
             "prompt_len": len(seq.prompt_token_ids), "computed_before": seq.num_computed_tokens,
-            "samples": item.samples, "blocks_held": len(engine.kv.block_table(seq)),
+            "samples": item.samples, "blocks_held": len(engine.kv.get_block_ids(seq)[0]),
             "sampled_rows": sum(row.item is item for row in inputs.rows),
         })
     sampling = inputs.sampling

@@ -9,13 +9,14 @@ from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
 
 
 # --8<-- [start:beam_step]
-def beam_step(group: SequenceGroup, logprobs: torch.Tensor, kv, eos_token_id: int | None,
-              max_model_len: int) -> None:
+def beam_step(group: SequenceGroup, logprobs: torch.Tensor, kv,
+              eos_token_id: int | None, max_model_len: int) -> None:
     """Every beam has its next-token logprobs [beams, vocab]: keep the best beam_width
     (beam, token) pairs; each survivor forks its parent, the old beams are freed."""
     params: BeamSearchParams = group.sampling_params
     beams = group.unfinished_seqs()
-    assert len(beams) == logprobs.shape[0], "every beam of a group runs in the same step"
+    assert len(beams) == logprobs.shape[0], (
+        "every beam of a group runs in the same step")
     survivors, finished = select_beams([list(b.output_token_ids) for b in beams],
                                        [b.cumulative_logprob for b in beams], logprobs,
                                        params, eos_token_id)
@@ -27,9 +28,10 @@ def beam_step(group: SequenceGroup, logprobs: torch.Tensor, kv, eos_token_id: in
                          list(parent_seq.output_token_ids) + [token],
                          num_computed_tokens=parent_seq.num_computed_tokens,
                          status=SequenceStatus.RUNNING, cumulative_logprob=score)
-        kv.fork(parent_seq, child)  # shares every block; copy-on-write at append
+        kv.fork(parent_seq, child)  # shares every block; copy-on-write later
         new_beams.append(child)
-        group.seqs.append(child)  # held by the group from now on (freed if a step fails)
+        # held by the group from now on (freed if a step fails)
+        group.seqs.append(child)
     for beam in beams:  # the old generation goes; blocks its children share remain
         kv.free_seq(beam)
         beam.status = SequenceStatus.FINISHED
@@ -42,6 +44,8 @@ def beam_step(group: SequenceGroup, logprobs: torch.Tensor, kv, eos_token_id: in
             beam.status = SequenceStatus.FINISHED
         group.finished_beams = rank_beams(
             group.finished_beams,
-            [(list(b.output_token_ids), b.cumulative_logprob) for b in new_beams], params)
-        group.seqs = new_beams or beams  # a finished group keeps a sequence for its prompt
+            [(list(b.output_token_ids), b.cumulative_logprob) for b in new_beams],
+            params)
+        # a finished group keeps a sequence for its prompt
+        group.seqs = new_beams or beams
 # --8<-- [end:beam_step]

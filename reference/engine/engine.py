@@ -76,12 +76,11 @@ class LLMEngine:
         self.device = next(self.runner.model.parameters()).device
         self.tokenizer = tokenizer
         self.vocab_size = config.model_config.vocab_size
-        self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
-        self.output_processor = OutputProcessor(tokenizer, self.eos_token_id,
-                                                config.max_model_len)
+        eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        self.output_processor = OutputProcessor(tokenizer, eos_token_id, config.max_model_len)
         self.scheduler = Scheduler(config.scheduler_config, self.kv, self.output_processor)
         # structured outputs: requests wait there while their grammar compiles
-        self.grammars = GrammarAdmission(tokenizer, self.vocab_size, self.eos_token_id)
+        self.grammars = GrammarAdmission(tokenizer, self.vocab_size, eos_token_id)
         self.groups: dict[str, SequenceGroup] = {}
         # Seeds for requests without one. random.Random takes every bit of the engine's seed
         # (torch's CPU generator keeps 32 of them: seeds 1 and 2**32 + 1 would be the same).
@@ -115,6 +114,15 @@ class LLMEngine:
     @property
     def backend(self):
         return self.runner.backend  # the step's ops
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The token that ends a sequence (the tokenizer's; a test may set another)."""
+        return self.output_processor.eos_token_id
+
+    @eos_token_id.setter
+    def eos_token_id(self, token_id: int | None) -> None:
+        self.output_processor.eos_token_id = token_id
 
     @property
     def cache_engine(self):

@@ -312,9 +312,10 @@ def run_torchrun_worker(config) -> None:
 
 
 # --8<-- [start:worker]
-def serve_steps(config, rank: int, store: dist.Store, parent_pid: int | None) -> None:
-    """One rank's loop: its shard; its pool, as rank 0 sized it (with the first step); each
-    step's block moves, then its forward."""
+def serve_steps(config, rank: int, store: dist.Store,
+                parent_pid: int | None) -> None:
+    """One rank's loop: its shard; its pool, as rank 0 sized it (with the
+    first step); each step's block moves, then its forward."""
     runner = config.model_runner(load_rank_model(config, rank), config, rank)
     store.set(f"pagedllm/loaded/{rank}", "1")  # rank 0 may start
     step = 0
