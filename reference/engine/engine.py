@@ -74,13 +74,12 @@ class LLMEngine:
             self.runner.get_kv_cache_spec(self.kv.block_size))
         self.runner.initialize_kv_cache(self.kv_cache_config)
         self.device = next(self.runner.model.parameters()).device
-        self.tokenizer = tokenizer
         self.vocab_size = config.model_config.vocab_size
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
         self.output_processor = OutputProcessor(tokenizer, eos_token_id, config.max_model_len)
         self.scheduler = Scheduler(config.scheduler_config, self.kv, self.output_processor)
         # structured outputs: requests wait there while their grammar compiles
-        self.grammars = GrammarAdmission(tokenizer, self.vocab_size, eos_token_id)
+        self.grammars = GrammarAdmission(self.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
         # Seeds for requests without one. random.Random takes every bit of the engine's seed
         # (torch's CPU generator keeps 32 of them: seeds 1 and 2**32 + 1 would be the same).
@@ -116,6 +115,15 @@ class LLMEngine:
         return self.runner.backend  # the step's ops
 
     @property
+    def tokenizer(self):
+        """The model's tokenizer (None without one), the output processor's."""
+        return self.output_processor.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        self.output_processor.tokenizer = tokenizer
+
+    @property
     def eos_token_id(self) -> int | None:
         """The token that ends a sequence (the tokenizer's; a test may set another)."""
         return self.output_processor.eos_token_id
@@ -140,7 +148,8 @@ class LLMEngine:
         text, ids = prompt_ids(prompt, self.tokenizer, self.vocab_size)
         check_request(request_id, len(ids), params, self.kv, self.config.scheduler_config,
                       self.vocab_size, self.config.max_logprobs)
-        grammar = self.grammars.check(params)  # compiled, compiling, or None
+        # the grammar: compiled, compiling, or None
+        grammar = self.grammars.check(params, self.tokenizer, self.eos_token_id)
         seed = getattr(params, "seed", None)
         if seed is None:
             seed = self.seed_stream.getrandbits(62)

@@ -191,19 +191,22 @@ class BlockSpaceManager:
     # --8<-- [end:last_block_has_room]
 
     def num_blocks_to_append(self, seq_ids: list[int], device: str = "gpu",
-                             num_slots: int = 1) -> int:
-        """Free blocks the sequences' next num_slots tokens each take together (a group
-        appends together): fresh blocks past the last one's room; a copy where the last block
-        is shared and has room — except for the last of these sharers to write, when nobody
-        else holds the block (by then it owns it alone). device "cpu": what the swapped-out
-        sequences would take once back in the GPU pool."""
+                             num_slots: int | list[int] = 1) -> int:
+        """Free blocks the sequences' next num_slots tokens (each, or one count per sequence)
+        take together (a group appends together): fresh blocks past the last one's room; a
+        copy where the last block is shared and has room — except for the last of these
+        sharers to write, when nobody else holds the block (by then it owns it alone). device
+        "cpu": what the swapped-out sequences would take once back in the GPU pool."""
         pool = self.gpu if device == "gpu" else self.cpu
+        counts = [num_slots] * len(seq_ids) if isinstance(num_slots, int) else num_slots
         needed = 0
         sharers: dict[int, int] = {}
-        for seq_id in seq_ids:
+        for seq_id, count in zip(seq_ids, counts, strict=True):
+            if count <= 0:
+                continue  # it holds its slots already
             table = self._table(seq_id, device)
             room = len(table.blocks) * self.block_size - table.num_tokens
-            needed += self.blocks_needed(max(num_slots - room, 0))  # past the last block
+            needed += self.blocks_needed(max(count - room, 0))  # past the last block
             if room > 0 and pool.ref_counts[table.blocks[-1]] > 1:
                 sharers[table.blocks[-1]] = sharers.get(table.blocks[-1], 0) + 1
         for block, count in sharers.items():

@@ -109,15 +109,21 @@ class PagedKVCacheManager:
         if self.manager.prefix_cache is not None:  # else nothing is looked up later
             self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
+    def _slots_wanted(self, seq, num_new_tokens: int, num_lookahead_tokens: int) -> int:
+        """Slots the sequence lacks for its computed tokens, this step's and the lookahead."""
+        wanted = seq.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        return wanted - self.manager.num_tokens(seq.seq_id)
+
     def can_allocate_slots(self, group, num_new_tokens: int = 1,
                            num_lookahead_tokens: int = 0) -> bool:
-        """Blocks for num_new_tokens (+ lookahead) more tokens per sequence of the group: fresh
-        blocks past the last one's room; a copy where it is shared — except for the last of the
-        group's sharers to write, when nobody outside the group holds the block (by then it owns
-        the block alone)."""
-        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
-        return self.manager.num_blocks_to_append(
-            seq_ids, num_slots=num_new_tokens + num_lookahead_tokens) <= self.num_free_blocks
+        """Blocks for every sequence of the group's allocate_slots: fresh blocks past the last
+        one's room; a copy where it is shared — except for the last of the group's sharers to
+        write, when nobody outside the group holds the block (by then it owns the block
+        alone)."""
+        seqs = group.unfinished_seqs()
+        wanted = [self._slots_wanted(s, num_new_tokens, num_lookahead_tokens) for s in seqs]
+        return self.manager.num_blocks_to_append([s.seq_id for s in seqs],
+                                                 num_slots=wanted) <= self.num_free_blocks
 
     # --8<-- [start:append]
     def allocate_slots(self, seq, num_new_tokens: int = 1,
@@ -127,13 +133,24 @@ class PagedKVCacheManager:
         but not yet accepted: speculative decoding; ``truncate_slots`` gives back the
         rejected ones). Slots the sequence already holds count. Returns the block pair to
         copy first when the last block was shared (copy-on-write), else None."""
-        wanted = seq.num_computed_tokens + num_new_tokens + num_lookahead_tokens
-        copy = self.manager.append_slots(
-            seq.seq_id, max(wanted - self.manager.num_tokens(seq.seq_id), 0))
+        wanted = self._slots_wanted(seq, num_new_tokens, num_lookahead_tokens)
+        copy = self.manager.append_slots(seq.seq_id, max(wanted, 0))
         if copy:
             self.num_cow_copies += 1
         return copy
     # --8<-- [end:append]
+
+    def can_append(self, group) -> bool:
+        """Room for one more slot per sequence of the group, past what each holds."""
+        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
+        return self.manager.num_blocks_to_append(seq_ids) <= self.num_free_blocks
+
+    def append(self, seq) -> tuple[int, int] | None:
+        """One more slot past what the sequence holds (the copy-on-write pair, or None)."""
+        copy = self.manager.append_slots(seq.seq_id, 1)
+        if copy:
+            self.num_cow_copies += 1
+        return copy
 
     def truncate_slots(self, seq, num_tokens: int) -> None:
         """Keep the slots of the sequence's first num_tokens tokens, give back the rest (the

@@ -210,7 +210,7 @@ def test_a_refusal_at_the_door_leaves_the_engine_and_its_requests_alone(tier, ch
 
 def test_a_repeated_spec_is_compiled_once(tier, llm):
     generate(tier, llm, Spec(regex="[0-9]{3}"), prompts=PROMPTS[:1], max_tokens=4)
-    cache = llm.engine._grammars.cache
+    cache = llm.engine.grammars.compiler.cache
     before = cache.compiles
     for _ in range(3):
         generate(tier, llm, Spec(regex="[0-9]{3}"), prompts=PROMPTS[:1], max_tokens=4)
@@ -225,7 +225,7 @@ def test_a_new_grammar_compiles_while_the_other_requests_step(tier, llm):
     released, the request runs and follows its grammar."""
     engine = llm.engine
     generate(tier, llm, Spec(choice=["warm"]), prompts=PROMPTS[:1])  # the compiler exists
-    compiler = engine._grammars
+    compiler = engine.grammars.compiler
     release, original = threading.Event(), compiler._compile
     compiler._compile = lambda spec: release.wait(60) and original(spec)
     plain = tier.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -257,7 +257,7 @@ def test_a_failed_compile_ends_only_its_request(tier, llm):
     finish_reason "error"; nothing else notices, no block is held."""
     engine = llm.engine
     generate(tier, llm, Spec(choice=["warm"]), prompts=PROMPTS[:1])
-    compiler = engine._grammars
+    compiler = engine.grammars.compiler
 
     def broken(spec):
         raise FieldValueError("structured_outputs", "injected compile failure")

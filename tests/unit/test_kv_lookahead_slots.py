@@ -15,8 +15,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedllm.reference.kv import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from pagedllm.reference.kv import CacheEngine, PagedKVCacheManager
+from pagedllm.reference.kv import (
+    CacheEngine,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    PagedKVCacheManager,
+)
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 24
 REJECTED = -1  # what a rejected proposal's slot holds in the shadow

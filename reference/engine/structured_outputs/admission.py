@@ -16,8 +16,8 @@ from .params import FIELD
 
 
 class GrammarAdmission:
-    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None):
-        self.tokenizer, self.vocab_size, self.eos_token_id = tokenizer, vocab_size, eos_token_id
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
         self.compiler: BackgroundCompiler | None = None  # built by the first grammar
         self.compiling: list[tuple[SequenceGroup, Future]] = []
 
@@ -25,19 +25,18 @@ class GrammarAdmission:
         return len(self.compiling)  # requests waiting for their grammar
 
     # --8<-- [start:compile]
-    def check(self, params):
+    def check(self, params, tokenizer, eos_token_id: int | None):
         """A request's structured outputs: None without; the compiled grammar if it
         is cached (a dictionary lookup); else the Future of its compile on the
         compiler's thread, which does not hold up the running requests' steps."""
         spec = getattr(params, "structured_outputs", None)
         if spec is None:
             return None
-        if self.tokenizer is None or self.eos_token_id is None:
+        if tokenizer is None or eos_token_id is None:
             raise FieldValueError(FIELD, "structured outputs need the model's tokenizer "
                                   "and its EOS token; this model folder has none")
-        if self.compiler is None:
-            self.compiler = BackgroundCompiler(self.tokenizer, self.vocab_size,
-                                               self.eos_token_id)
+        if self.compiler is None:  # the vocabulary's tables, built once
+            self.compiler = BackgroundCompiler(tokenizer, self.vocab_size, eos_token_id)
         compiled = self.compiler.lookup(spec)
         return compiled if compiled is not None else self.compiler.submit(spec)
     # --8<-- [end:compile]
