@@ -89,9 +89,8 @@ def window_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
                            seq_lens_cpu=torch.tensor([T]), query_start_loc_cpu=torch.tensor([0, T]))
     inputs = StepInputs(input_ids=torch.tensor(ids), positions=torch.arange(T), attn_metadata=md,
                         logits_indices=torch.arange(T), rows=[], sampling=None)
-    logits = engine.runner.execute(inputs)  # [T, vocab]
-    engine.runner.cache_engine.quant.calculate_scales = False  # the first window calibrated fp8
-    return logits.float()
+    # [T, vocab]; fp8's scales come from the first window (execute keeps them once it is done)
+    return engine.runner.execute(inputs).float()
 
 
 def perplexity(engine: LLMEngine, ids: list[int], window: int) -> float:

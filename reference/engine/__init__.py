@@ -1,10 +1,13 @@
 """The engine: requests in, tokens out. Sequence groups and their sampling parameters, the
 scheduler (continuous batching, budgets, preemption, chunked prefill, static batching), the
 step's inputs as tensors, the configuration (EngineArgs, checked once), the model runner (the
-seam to model execution), the step itself (LLMEngine), beam search, stop checks, incremental
-detokenization, and LLM, the offline entry point. The one package that sees every other."""
+seam to model execution, and the factory that picks it), the step itself (LLMEngine), the
+scheduler's post-step helpers (output processing, beam search's step, stop checks, incremental
+detokenization), structured outputs, the engine client protocol a front end uses, and LLM, the
+offline entry point. The one package that sees every other."""
 
 from .beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from .client import EngineClient, ModelLimits
 from .config import EngineArgs, EngineConfig
 from .engine import LLMEngine
 from .generate import generate, generate_many
@@ -18,6 +21,6 @@ from .step_inputs import StepInputs, prepare_inputs
 from .structured_outputs import StructuredOutputsParams
 
 __all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput",
-           "EngineArgs", "EngineConfig", "LLM", "LLMEngine", "ModelRunner", "RequestOutput",
+           "EngineArgs", "EngineClient", "EngineConfig", "ModelLimits", "LLM", "LLMEngine", "ModelRunner", "RequestOutput",
            "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepInputs",
            "StructuredOutputsParams", "check_prompt", "generate", "generate_many", "prepare_inputs"]

@@ -75,3 +75,23 @@ def test_the_runner_allocates_the_pool_the_engine_sized(tier, checkpoints, kv_ca
     assert pool.gpu_k[0].shape[:3] == (20, 4, group.kv_cache_spec.num_kv_heads)
     assert pool.cpu_k[0].shape[0] == 6
     assert llm.stats()["kv_cache_bytes"] == pool.nbytes() == config.bytes_per_block * 20
+
+
+def test_the_engine_is_an_engine_client(tier, checkpoints):
+    """What a front end may use of an engine, and nothing else (serving's replicas implement
+    the same protocol)."""
+    from pagedllm.reference.engine import EngineClient, ModelLimits
+
+    llm = tier.LLM(model=str(checkpoints["llama"]), max_model_len=64, max_logprobs=5)
+    engine = llm.engine
+    assert isinstance(engine, EngineClient)
+    assert engine.limits == ModelLimits(64, engine.config.model_config.vocab_size, 5)
+    params = tier.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request("a", {"prompt_token_ids": [1, 2, 3]}, params)
+    engine.add_request("b", {"prompt_token_ids": [4, 5]}, params)
+    assert engine.has_request("a") and engine.has_unfinished_requests()
+    engine.abort_request("a")
+    assert not engine.has_request("a") and engine.has_request("b")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not engine.has_request("b") and engine.stats()["blocks_used"] == 0
