@@ -33,12 +33,12 @@ def test_beams_equal_transformers(tier, checkpoints, family, width):
 def test_beams_share_blocks_while_they_run(tier, checkpoints):
     """At the deepest point, the beams hold fewer blocks than separate copies would."""
     llm = tier.LLM(checkpoints["llama"], block_size=4)
-    manager = llm.engine.kv.manager
+    kv = llm.engine.kv
     peak = {"held": 0, "unshared": 0}
 
     def spy(engine, sched, inputs):  # just before each forward: the step's slots are booked
-        tables = [manager.block_table(item.seq.seq_id) for item in sched.scheduled]
-        peak["held"] = max(peak["held"], manager.gpu.num_blocks - manager.num_free_gpu_blocks)
+        tables = [kv.get_block_ids(item.seq)[0] for item in sched.scheduled]
+        peak["held"] = max(peak["held"], kv.num_total_blocks - kv.num_free_blocks)
         peak["unshared"] = max(peak["unshared"], sum(len(t) for t in tables))
 
     llm.engine.add_step_observer(spy)
