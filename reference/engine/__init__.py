@@ -21,6 +21,7 @@ from .step_inputs import StepInputs, prepare_inputs
 from .structured_outputs import StructuredOutputsParams
 
 __all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput",
-           "EngineArgs", "EngineClient", "EngineConfig", "ModelLimits", "LLM", "LLMEngine", "ModelRunner", "RequestOutput",
+           "EngineArgs", "EngineClient", "EngineConfig", "LLM", "LLMEngine", "ModelLimits",
+           "ModelRunner", "RequestOutput",
            "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepInputs",
            "StructuredOutputsParams", "check_prompt", "generate", "generate_many", "prepare_inputs"]

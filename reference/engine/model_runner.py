@@ -20,7 +20,7 @@ import torch
 
 from ..kv import CacheEngine, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from ..model import KVCacheQuant, PagedAttention
-from ..model.tensor_parallel import attention_heads
+from ..model.tensor_parallel import all_reduce_max, attention_heads
 from ..ops import Backend, SamplerOutput, SamplingMetadata
 from .step_inputs import StepInputs
 
@@ -62,6 +62,8 @@ class ModelRunner:
             kv_cache_config, device, self.backend, self.config.calculate_kv_scales)
         self.k_caches, self.v_caches = self.cache_engine.gpu_k, self.cache_engine.gpu_v
         self.kv_quant = self.cache_engine.quant
+        if self.config.tensor_parallel_size > 1:  # fp8 calibrates over every rank's heads
+            self.kv_quant.reduce_max = all_reduce_max
     # --8<-- [end:kv_cache]
 
     def move_blocks(self, blocks_to_swap_out: list[tuple[int, int]],

@@ -37,11 +37,11 @@ raises; the engine finishes the step's requests with an error, and every later s
 at once: the engine is down (``check_health``) and a new one can be built.
 """
 
-import atexit
 import os
 import pickle
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -87,13 +87,14 @@ class TensorParallelRunner:
     def __init__(self, runner, config):
         self.runner, self.config = runner, config
         self.world_size = config.tensor_parallel_size
-        self.step_number = 0
         self.pending_moves: list[tuple[list, list, list]] = []
         self.pending_kv_cache_config: KVCacheConfig | None = None
         self.publish_seconds: list[float] = []  # per step: putting it in the store
         self.error: BaseException | None = None
-        self.workers, self.store = _start_ranks(config)
-        atexit.register(self.shutdown)
+        self.ranks = Ranks(*_start_ranks(config))
+        # Ended by shutdown(), at exit, or when the runner is collected (a dropped LLM must not
+        # keep its processes and its process group): the finalizer holds the ranks, not self.
+        self._finalizer = weakref.finalize(self, self.ranks.shutdown, True)
 
     # What the engine reads of a runner, rank 0's.
     @property
@@ -107,6 +108,11 @@ class TensorParallelRunner:
     @property
     def cache_engine(self):
         return self.runner.cache_engine  # rank 0's pool (its KV heads)
+
+    @property
+    def workers(self) -> list:
+        """The spawned ranks' processes (none under torchrun)."""
+        return self.ranks.workers
 
     def get_kv_cache_spec(self, block_size: int):
         return self.runner.get_kv_cache_spec(block_size)  # rank 0's heads
@@ -138,7 +144,7 @@ class TensorParallelRunner:
             # them all.
             self._fail(err)
             raise self.error from err
-        self.store.delete_key(_key(self.step_number - 1))  # every rank has read it
+        self.ranks.store.delete_key(_key(self.ranks.step_number - 1))  # every rank read it
         return logits
     # --8<-- [end:runner]
 
@@ -148,7 +154,7 @@ class TensorParallelRunner:
     def check_health(self) -> None:
         """Raise WorkerDiedError if a rank has stopped (the engine is then down)."""
         if self.error is None:
-            dead = [(rank, p.exitcode) for rank, p in enumerate(self.workers, 1)
+            dead = [(rank, p.exitcode) for rank, p in enumerate(self.ranks.workers, 1)
                     if not p.is_alive()]
             if dead:
                 self._fail(None)
@@ -156,12 +162,12 @@ class TensorParallelRunner:
             raise self.error
 
     def _publish(self, message: StepMessage) -> None:
-        self.store.set(_key(self.step_number), pickle.dumps(message))
-        self.step_number += 1
+        self.ranks.publish(message)
 
     def _fail(self, err: BaseException | None) -> None:
         codes = ", ".join(f"rank {rank}: exit code {p.exitcode}" if p.exitcode is not None
-                          else f"rank {rank}: running" for rank, p in enumerate(self.workers, 1))
+                          else f"rank {rank}: running"
+                          for rank, p in enumerate(self.ranks.workers, 1))
         reason = f"{type(err).__name__}: {err}" if err is not None else "a worker process ended"
         codes = codes or "ranks started by torchrun"
         self.error = WorkerDiedError(f"the tensor-parallel engine is down ({reason}; {codes}); "
@@ -171,16 +177,33 @@ class TensorParallelRunner:
     def shutdown(self, graceful: bool = True) -> None:
         """End every rank (a shutdown message, then a kill after a grace period) and free the
         process group. Safe to call twice."""
+        self._finalizer.detach()
+        self.ranks.shutdown(graceful and self.error is None)
+
+
+class Ranks:
+    """The worker processes and the step store a tensor-parallel runner started: an object of
+    their own, so that ending them never needs the runner (a finalizer may run after it is
+    gone)."""
+
+    def __init__(self, workers: list, store: dist.Store):
+        self.workers, self.store = workers, store
+        self.step_number = 0
+
+    def publish(self, message: StepMessage) -> None:
+        self.store.set(_key(self.step_number), pickle.dumps(message))
+        self.step_number += 1
+
+    def shutdown(self, graceful: bool) -> None:
         if self.store is None:
             return
-        atexit.unregister(self.shutdown)
-        if graceful and self.error is None:
+        if graceful:
             try:
-                self._publish(StepMessage([], None))
+                self.publish(StepMessage([], None))
             except Exception:  # noqa: BLE001 - the store is gone: the workers end by themselves
                 pass
         for p in self.workers:
-            p.join(10.0 if graceful and self.error is None else 0.5)
+            p.join(10.0 if graceful else 0.5)
             if p.is_alive():
                 p.kill()
                 p.join(5.0)
@@ -253,16 +276,15 @@ def _start_ranks(config) -> tuple[list, dist.Store]:
 
 def _wait_for_workers(store: dist.Store, what: str, workers: list) -> None:
     """Wait until every spawned rank has set its key (joined the store, loaded its shard),
-    failing as soon as one of them has ended, or after START_TIMEOUT."""
+    failing as soon as one of them has ended, or after START_TIMEOUT. It polls with
+    ``check``, which never times out: a timed-out ``wait`` logs a line from c10d each time,
+    dozens while a shard loads."""
     deadline = time.monotonic() + START_TIMEOUT
     for rank, p in enumerate(workers, 1):
-        while True:
-            try:
-                store.wait([f"pagedllm/{what}/{rank}"], timedelta(seconds=0.5))
-                break
-            except dist.DistStoreError:
-                if not p.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"rank {rank} has not {what}") from None
+        while not store.check([f"pagedllm/{what}/{rank}"]):
+            if not p.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank} has not {what}")
+            time.sleep(0.05)
 
 
 def _backend(config) -> str:

@@ -3,7 +3,11 @@ when it is made, so a bad value is refused before it reaches the engine."""
 
 from dataclasses import dataclass, field
 
-from .structured_outputs import StructuredOutputsParams
+from ..ops.sampling import FLOAT32_MAX
+
+# The params module, a leaf: the package also reaches grammar.py, which imports the sequence,
+# which imports this module (an import circle).
+from .structured_outputs.params import StructuredOutputsParams
 from .validation import (
     FieldTypeError,
     FieldValueError,
@@ -13,7 +17,6 @@ from .validation import (
     check_int,
 )
 
-FLOAT32_MAX = 3.4028234663852886e38  # the sampler holds temperatures in float32
 OUTPUT_KINDS = ("cumulative", "final_only")  # vLLM's RequestOutputKind (DELTA aside)
 
 

@@ -147,6 +147,11 @@ def narrow_model(model: nn.Module, rank: int, world_size: int) -> Slices:
 
 
 # -- the layers that communicate -----------------------------------------------------------------
+def all_reduce_max(x: torch.Tensor) -> None:
+    """x becomes its largest value over every rank, in place."""
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+
+
 # --8<-- [start:row_parallel]
 class RowParallelLinear(nn.Module):
     """A linear layer holding the rank's input columns: each rank's product is a partial

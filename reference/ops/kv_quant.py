@@ -44,6 +44,7 @@ Rounding is floor(y + 0.5) (half up), written out so that a kernel does exactly 
 (torch.round rounds half to even); division by the scale is IEEE division in both.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -230,7 +231,15 @@ def dequantize_kv(data: torch.Tensor, scale: torch.Tensor | None, kv_cache_dtype
 def calculated_scale(x: torch.Tensor, constant: float) -> torch.Tensor:
     """fp8's per-tensor scale from a calibration batch x: largest |x| / constant ([1] float32;
     1.0 when the batch is all zeros)."""
-    amax = x.float().abs().amax().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
+    return scale_of_amax(absmax(x), constant)
+
+
+def absmax(x: torch.Tensor) -> torch.Tensor:
+    """Largest |x| of a batch ([1] float32; 0 for an empty one)."""
+    return x.float().abs().amax().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
+
+
+def scale_of_amax(amax: torch.Tensor, constant: float) -> torch.Tensor:
     return torch.where(amax > 0, amax / constant, torch.ones_like(amax))
 
 
@@ -255,6 +264,9 @@ class KVCacheQuant:
     calculate_scales: bool = False
     # int4: the Hadamard matrix [head_dim, head_dim]
     rotation: torch.Tensor | None = None
+    # Tensor parallelism: an in-place max over the ranks, so that every rank calibrates from
+    # the largest |K| and |V| of all KV heads, as one rank holding them all would.
+    reduce_max: Callable[[torch.Tensor], None] | None = None
 
     @property
     def scales_per_tensor(self) -> bool:
@@ -271,6 +283,9 @@ class KVCacheQuant:
     def calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """fp8's calculate_kv_scales: this layer's scales from the batch's real K/V
         rows."""
-        self.k_scales[layer].copy_(calculated_scale(k, K_SCALE_CONSTANT))
-        self.v_scales[layer].copy_(calculated_scale(v, V_SCALE_CONSTANT))
+        amax = torch.cat([absmax(k), absmax(v)])  # [2]
+        if self.reduce_max is not None:
+            self.reduce_max(amax)
+        self.k_scales[layer].copy_(scale_of_amax(amax[:1], K_SCALE_CONSTANT))
+        self.v_scales[layer].copy_(scale_of_amax(amax[1:], V_SCALE_CONSTANT))
 # --8<-- [end:quant]

@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 import torch
 
 GREEDY_BELOW = 1e-5  # a temperature below this means greedy, as in vLLM
-TINIEST_TOP_P = 1.1754943508222875e-38  # float32's smallest normal number
+# The sampler holds temperature and top_p in float32: the limits of the values a request may
+# give, defined here once (SamplingParams refuses a temperature past FLOAT32_MAX: the division
+# would turn a blocked token's -inf into NaN; a top_p below TINIEST_TOP_P would round to 0 and
+# cut every token, so the sampler raises it to that, keeping the most likely token).
+FLOAT32_MAX = torch.finfo(torch.float32).max  # 3.4028234663852886e38
+TINIEST_TOP_P = torch.finfo(torch.float32).tiny  # float32's smallest normal number, 1.18e-38
 
 
 def _int64(x: int) -> int:

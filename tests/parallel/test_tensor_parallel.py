@@ -258,3 +258,50 @@ def test_smollm2_on_two_ranks_answers_as_on_one():
                                     params, use_tqdm=False))
     _assert_close(*results)
     assert not _no_workers_left()
+
+
+def test_fp8_calibration_sees_every_ranks_heads(checkpoints):
+    """fp8 with calculate_kv_scales takes each layer's scale from the largest |K| and |V| of
+    the first batch. Each rank holds half the KV heads: calibrated alone, its scales came
+    from its heads only, and two ranks' greedy tokens parted from one rank's. The ranks now
+    take the max over all of them."""
+    params = reference.SamplingParams(max_tokens=12, temperature=0.0)
+    options = dict(kv_cache_dtype="fp8", calculate_kv_scales=True, block_size=4)
+    one, _ = _run(reference, checkpoints["llama"], PROMPTS, params, **options)
+    two, _ = _run(reference, checkpoints["llama"], PROMPTS, params, tensor_parallel_size=2,
+                  **options)
+    assert _tokens(one) == _tokens(two)
+
+
+def test_a_dropped_engine_lets_go_of_its_ranks(checkpoints):
+    """No shutdown(), no context manager: an LLM that is no longer referenced ends its
+    ranks and its process group when collected, so the next tensor-parallel engine of this
+    process can start (a notebook's habit)."""
+    import gc
+
+    import torch.distributed as dist
+
+    params = reference.SamplingParams(max_tokens=4, temperature=0.0)
+    llm = reference.LLM(checkpoints["llama"], tensor_parallel_size=2)
+    first = _tokens(llm.generate(PROMPTS[:2], params, use_tqdm=False))
+    del llm
+    gc.collect()
+    assert not _no_workers_left() and not dist.is_initialized()
+    again, _ = _run(reference, checkpoints["llama"], PROMPTS[:2], params, tensor_parallel_size=2)
+    assert _tokens(again) == first
+
+
+def test_starting_ranks_prints_no_store_timeouts(checkpoints):
+    """Rank 0 waits for its workers to load without c10d's "timed out" lines in the user's
+    terminal (a timed-out store wait logged one every half second)."""
+    script = ("import pagedllm.reference as r\n"
+              "if __name__ == '__main__':\n"
+              f"    with r.LLM({str(checkpoints['llama'])!r}, tensor_parallel_size=2) as llm:\n"
+              "        print(llm.generate([{'prompt_token_ids': [1, 2]}],\n"
+              "                           r.SamplingParams(max_tokens=2), use_tqdm=False)"
+              "[0].outputs[0].token_ids)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "timed out" not in done.stderr and "waitForInput" not in done.stderr, done.stderr

@@ -60,3 +60,14 @@ def test_a_top_level_kernels_import_from_the_checkout_is_hugging_faces():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout.strip()
     assert out == "absent" or "site-packages" in out, out
+
+
+def test_only_ci_prints_the_slowest_tests():
+    """A contributor's `pytest -x tests/unit` ends with its result, not a table of the 30
+    slowest tests; CI's log keeps that table (it says where the suite's minutes go)."""
+    import tomllib
+
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"]["addopts"]
+    assert "--durations" not in addopts
+    assert 'PYTEST_ADDOPTS="--durations=30" make test' in (ROOT / ".ci" / "run").read_text()
