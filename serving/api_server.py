@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP server: the FastAPI app and its routes, in front of an
-AsyncLLMEngine.
+AsyncLLMEngine (or the data-parallel router over one per replica).
 
     pagedllm serve                                   # the tiny model on http://127.0.0.1:8000
     pagedllm serve --model smollm2-135m-instruct     # a real chat model
@@ -22,7 +22,8 @@ outputs as the steps produce them and sends them (every step's new text as one e
 streaming, or one JSON body at the end), the other waits for the client to disconnect.
 Whichever ends first ends both, and the request is aborted: the engine frees its blocks at the
 next step boundary. A request that runs past ``--request-timeout`` is aborted the same way.
-Loading the model and running uvicorn are ``launch``'s.
+Loading the model, building the engine the app serves and running uvicorn are ``launch``'s;
+this module imports none of that, so the app can be built around any engine.
 """
 
 import asyncio
@@ -36,36 +37,35 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pagedllm.reference.engine.sampling_params import SamplingParams
 
 from .args import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_TIMEOUT
-from .async_engine import AsyncLLMEngine
-from .data_parallel import DataParallelEngine, DataParallelLLM
+from .async_engine import ServingEngine
 from .gate import Gate, read_json
-from .launch import ServerThread, bind, load_llm, serve, served_name
-from .metrics import ServerMetrics
+from .loader import load_llm
 from .protocol import APIError, new_id, now
-from .request_mapping import FLOAT32_MAX, FLOAT32_TINY, EngineRequest, RequestMapper, refusal
+from .request_mapping import EngineRequest, RequestMapper, refusal
 from .responses import EngineResponse, RequestRun
+from .server_thread import ServerThread
 from .tokenization import Tokenization
 
-# The names this module has always offered: the launch and response names live apart now.
-__all__ = ["build_app", "EngineResponse", "ServerThread", "bind", "load_llm", "serve",
-           "served_name", "FLOAT32_MAX", "FLOAT32_TINY"]
+# ServerThread and load_llm live in modules of their own (a replica loads without the app);
+# the tests and notebooks that import them from here keep working.
+__all__ = ["build_app", "EngineResponse", "ServerThread", "load_llm"]
 
 
-def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None = None,
+def build_app(engine: ServingEngine, served_model_name: str = "pagedllm", *,
+              root: str | None = None, api_key: str | None = None,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT) -> Gate:
-    """The server around a loaded ``LLM`` of either tier, or a ``DataParallelLLM``'s replicas.
-    ``app.state.engine`` is the AsyncLLMEngine (or the DataParallelEngine routing to one per
-    replica), started and stopped with the app; ``app.state.metrics`` its (engine 0's)
-    metrics."""
-    metrics = ServerMetrics(served_model_name)
-    # A DataParallelLLM's replicas run elsewhere: its engine routes to one AsyncLLMEngine each.
-    engine = (DataParallelEngine(llm, metrics) if isinstance(llm, DataParallelLLM)
-              else AsyncLLMEngine(llm, metrics))
-    mapper = RequestMapper(served_model_name, engine.tokenizer, engine.max_model_len,
-                           engine.vocab_size, engine.max_logprobs)
-    tokenization = Tokenization(served_model_name, engine.tokenizer, engine.max_model_len,
-                                engine.vocab_size)
+    """The server around ``engine``: an ``AsyncLLMEngine`` over an engine client, or the
+    ``DataParallelEngine`` routing to one per replica, built with the server's
+    ``ServerMetrics``; the app starts and stops it. ``app.state.engine`` is it,
+    ``app.state.metrics`` its (engine 0's) metrics. ``root``: the model's folder, as
+    ``/v1/models`` reports it (the served name if not given)."""
+    metrics = engine.metrics
+    if metrics is None:
+        raise ValueError("build_app serves /metrics: build the engine with a ServerMetrics, "
+                         "e.g. AsyncLLMEngine(llm.engine, ServerMetrics(served_model_name))")
+    mapper = RequestMapper(served_model_name, engine.tokenizer, engine.limits)
+    tokenization = Tokenization(served_model_name, engine.tokenizer, engine.limits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -100,8 +100,8 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
     async def models():
         return {"object": "list", "data": [{
             "id": served_model_name, "object": "model", "created": now(),
-            "owned_by": "pagedllm", "root": str(getattr(llm, "model_dir", served_model_name)),
-            "max_model_len": engine.max_model_len}]}
+            "owned_by": "pagedllm", "root": root or served_model_name,
+            "max_model_len": engine.limits.max_model_len}]}
 
     async def answer(req: EngineRequest) -> EngineResponse:
         response_id = new_id("chatcmpl" if req.chat else "cmpl")
@@ -136,7 +136,7 @@ def build_app(llm, served_model_name: str = "pagedllm", *, api_key: str | None =
     return Gate(app, api_key, max_request_bytes)
 
 
-async def _submit(engine: AsyncLLMEngine, prompts: list, params: SamplingParams,
+async def _submit(engine: ServingEngine, prompts: list, params: SamplingParams,
                   prompt_field: str, base_id: str) -> tuple[list[str], asyncio.Queue]:
     """Add every prompt of the request; all their outputs arrive on one queue. A refused
     prompt refuses the whole request (the ones already added are aborted)."""

@@ -3,15 +3,19 @@
 ``LLMEngine.step()`` is CPU-bound (or waits on the GPU): run on the event loop it would freeze
 every connection for the length of a step. So one dedicated thread, the *engine thread*, owns
 the engine and is the only code that ever touches it. The event loop talks to it through a
-queue of commands, and it talks back through each request's ``asyncio.Queue``::
+queue of commands (``messages``), and it talks back through each request's ``asyncio.Queue``::
 
-    event loop (HTTP handlers)                  engine thread
-    --------------------------                  -------------
-    add_request(id, prompt, params)  -- "add" -->  at the step boundary: engine.add_request;
-       awaits acceptance (or the ValueError)  <--  the answer, via call_soon_threadsafe
-    async for out in stream              <-- RequestOutput --  engine.step(), every step
-    abort(id)  (client gone, timeout) -- "abort" -->  at the step boundary: engine.abort_request:
-                                                      its blocks are free for the next step
+    event loop (HTTP handlers)                          engine thread
+    --------------------------                          -------------
+    add_request(id, prompt, params) -- SubmitRequest -->  between steps: engine.add_request;
+       awaits acceptance (or the ValueError)  <---------  the answer, via call_soon_threadsafe
+    async for out in stream         <-- RequestOutput --  engine.step(), every step
+    abort(id) (client gone, timeout) -- AbortRequest -->  between steps: engine.abort_request
+                                                          (its blocks free for the next step)
+
+What the thread steps is an ``EngineClient`` (``reference/engine/client.py``), and only its
+methods are used: an in-process ``LLMEngine`` of either tier, or a data-parallel replica's proxy
+whose calls cross a pipe (``data_parallel.ReplicaClient``), run the same way.
 
 Commands are applied only between steps, so a step never sees the request set change under
 it, and no lock is needed: the engine is single-threaded, as it was written to be. While no
@@ -33,9 +37,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from pagedllm.reference.engine.client import EngineClient, ModelLimits
 from pagedllm.reference.engine.outputs import RequestOutput
 
+from .messages import AbortRequest, AddRequest, SubmitRequest
 from .metrics import ServerMetrics
 
 log = logging.getLogger("pagedllm.serving")
@@ -49,7 +56,7 @@ class EngineStepError(RuntimeError):
 class _Tracked:
     """What the engine thread knows of one live request (engine thread only)."""
 
-    stream: "RequestStream"
+    outputs: asyncio.Queue  # the request's stream's queue (the event loop reads it)
     arrival: float
     prompt_len: int = 0
     first_token: float | None = None
@@ -79,15 +86,38 @@ class RequestStream:
         return item
 
 
-class AsyncLLMEngine:
-    """Serve an ``LLM`` (either tier) to many concurrent asyncio callers."""
+class ServingEngine(Protocol):
+    """What the HTTP server asks of its engine: an ``AsyncLLMEngine``, or the data-parallel
+    router (``data_parallel.DataParallelEngine``) over one per replica. The routes use only
+    these names, so they serve either unchanged."""
 
-    def __init__(self, llm, metrics: ServerMetrics | None = None):
-        self.llm, self.engine, self.tokenizer = llm, llm.engine, llm.tokenizer
-        self.metrics = metrics
-        self.max_model_len = self.engine.config.max_model_len
-        self.vocab_size = self.engine.vocab_size
-        self.max_logprobs = self.engine.config.max_logprobs  # -1: no cap but the vocabulary
+    tokenizer: object  # the model's tokenizer, or None
+    limits: ModelLimits  # what a request is checked against before it is sent
+    metrics: ServerMetrics | None  # the server's metrics (engine 0's with replicas)
+    stats: dict  # the last stats() snapshot
+    steps: int  # engine steps run so far
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None: ...
+
+    def shutdown(self, timeout: float = 30.0) -> None: ...
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def check_health(self) -> None: ...
+
+    async def add_request(self, request_id: str, prompt, params, arrival: float | None = None,
+                          queue: asyncio.Queue | None = None) -> RequestStream: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+
+class AsyncLLMEngine:
+    """Serve one ``EngineClient`` to many concurrent asyncio callers."""
+
+    def __init__(self, client: EngineClient, metrics: ServerMetrics | None = None):
+        self.client, self.metrics = client, metrics
+        self.tokenizer, self.limits = client.tokenizer, client.limits
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._live: dict[str, _Tracked] = {}  # engine thread only
@@ -95,7 +125,7 @@ class AsyncLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._closed = False  # set when the thread ends: add_request answers by itself
-        self.stats: dict = self.engine.stats()  # a snapshot, replaced after every step
+        self.stats: dict = client.stats()  # a snapshot, replaced after every step
         self.steps = 0
 
     # -- the event loop's side -------------------------------------------------------------------
@@ -105,7 +135,8 @@ class AsyncLLMEngine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort what is left and stop the thread (after the step in progress)."""
+        """Abort what is left and stop the thread (after the step in progress). The client
+        stays up: whoever made it shuts it down (its ranks, its replica process)."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -122,7 +153,7 @@ class AsyncLLMEngine:
 
     def check_health(self) -> None:
         """Raise if the engine cannot step (a tensor-parallel rank, a replica has died)."""
-        self.engine.check_health()
+        self.client.check_health()
 
     async def add_request(self, request_id: str, prompt, params, arrival: float | None = None,
                           queue: asyncio.Queue | None = None) -> RequestStream:
@@ -135,8 +166,8 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, queue if queue is not None else asyncio.Queue())
         accepted = loop.create_future()
-        self._send(("add", request_id, prompt, params, stream, accepted,
-                    arrival if arrival is not None else time.monotonic()))
+        self._send(SubmitRequest(AddRequest(request_id, prompt, params), stream.queue, accepted,
+                                 arrival if arrival is not None else time.monotonic()))
         if self._closed:  # the thread ended after the check above: nobody else will answer
             self._drain_commands()
         try:
@@ -148,9 +179,9 @@ class AsyncLLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Remove a request at the next step boundary (a no-op if it already finished)."""
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
-    def _send(self, command: tuple) -> None:
+    def _send(self, command: SubmitRequest | AbortRequest) -> None:
         self._commands.put(command)
         self._wake.set()
 
@@ -159,7 +190,7 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             while True:
-                if not self.engine.has_unfinished_requests():
+                if not self.client.has_unfinished_requests():
                     self._wake.wait()
                 self._wake.clear()
                 try:
@@ -168,7 +199,7 @@ class AsyncLLMEngine:
                         self._fail_live(RuntimeError("the server is shutting down"),
                                         "abort")
                         return
-                    if self.engine.has_unfinished_requests():
+                    if self.client.has_unfinished_requests():
                         self._step()
                 except Exception as err:  # noqa: BLE001
                     # bookkeeping failed: end the live requests rather than hang
@@ -188,13 +219,13 @@ class AsyncLLMEngine:
         for request_id in list(self._live):
             tracked = self._live.pop(request_id)
             try:
-                if request_id in self.engine.groups:
-                    self.engine.abort_request(request_id)
+                if self.client.has_request(request_id):
+                    self.client.abort_request(request_id)
             except Exception:  # noqa: BLE001 - the others must still be ended
                 log.exception("could not abort %s", request_id)
             if self.metrics is not None:
                 self.metrics.finished[reason].inc()
-            self._call(tracked.stream.queue.put_nowait,
+            self._call(tracked.outputs.put_nowait,
                        EngineStepError(f"the request could not finish: {err}"))
         self._snapshot()
 
@@ -209,34 +240,39 @@ class AsyncLLMEngine:
     def _drain_commands(self) -> None:
         """The thread is gone: refuse every queued add (nothing else needs an answer)."""
         for command in self._queued_commands():
-            if command[0] == "add":
-                self._call(_settle, command[5], RuntimeError("the engine thread is not "
-                                                             "running"))
+            if isinstance(command, SubmitRequest):
+                self._call(_settle, command.accepted,
+                           RuntimeError("the engine thread is not running"))
 
     def _apply_commands(self) -> None:
         for command in self._queued_commands():
-            if command[0] == "add":
-                self._add(*command[1:])
-            else:
-                self._abort(command[1])
+            match command:
+                case SubmitRequest():
+                    self._add(command)
+                case AbortRequest(request_id=request_id):
+                    self._abort(request_id)
+                case _:
+                    raise TypeError(f"unknown engine-thread command {command!r}")
         # the snapshot is refreshed by the next step, or here when no step follows
 
-    def _add(self, request_id, prompt, params, stream, accepted, arrival) -> None:
+    def _add(self, command: SubmitRequest) -> None:
+        request = command.request
         try:
-            self.engine.add_request(request_id, prompt, params)
+            self.client.add_request(request.request_id, request.prompt, request.params)
         except Exception as err:  # noqa: BLE001 - a refused request: the caller gets the error
-            self._call(_settle, accepted, err)
+            self._call(_settle, command.accepted, err)
             return
-        self._live[request_id] = _Tracked(stream, arrival)
-        self._call(_settle, accepted, None)
-        if not self.engine.has_unfinished_requests():
+        self._live[request.request_id] = _Tracked(command.outputs, command.arrival)
+        self._call(_settle, command.accepted, None)
+        if not self.client.has_unfinished_requests():
             self._snapshot()
 
     def _abort(self, request_id: str) -> None:
         tracked = self._live.pop(request_id, None)
         try:
-            if request_id in self.engine.groups:
-                self.engine.abort_request(request_id)  # its blocks go back to the pool now
+            # Finished meanwhile (or refused): the engine no longer holds it, nothing to free.
+            if self.client.has_request(request_id):
+                self.client.abort_request(request_id)  # its blocks go back to the pool now
         except Exception:  # noqa: BLE001 - the engine runs it to its end and frees it then
             log.exception("could not abort %s", request_id)
         if tracked is not None and self.metrics is not None:
@@ -245,14 +281,14 @@ class AsyncLLMEngine:
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
+            outputs = self.client.step()
         except Exception as err:  # noqa: BLE001 - the engine freed the step's requests
             log.exception("an engine step failed; its requests end with an error")
-            for request_id in [r for r in self._live if r not in self.engine.groups]:
+            for request_id in [r for r in self._live if not self.client.has_request(r)]:
                 tracked = self._live.pop(request_id)
                 if self.metrics is not None:
                     self.metrics.finished["error"].inc()
-                self._call(tracked.stream.queue.put_nowait,
+                self._call(tracked.outputs.put_nowait,
                            EngineStepError(f"the engine step failed: {err}"))
             self._snapshot()
             return
@@ -269,7 +305,7 @@ class AsyncLLMEngine:
                 log.exception("could not update the metrics")
             if out.finished:
                 del self._live[out.request_id]
-            deliveries.append((tracked.stream.queue, out))
+            deliveries.append((tracked.outputs, out))
         if deliveries:
             self._call(_deliver, deliveries)
         self._snapshot()
@@ -301,7 +337,7 @@ class AsyncLLMEngine:
 
     def _snapshot(self) -> None:
         try:
-            self.stats = stats = self.engine.stats()
+            self.stats = stats = self.client.stats()
             if self.metrics is not None:
                 self.metrics.update_from_stats(stats)
         except Exception:  # noqa: BLE001 - the stats are for reading: serving goes on

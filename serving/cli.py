@@ -107,18 +107,16 @@ def _prompts(args: argparse.Namespace) -> list:
     return args.prompt
 
 
-# The engine's checks name its arguments; at the command line the user typed the flag.
-FLAGS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "block_size", "dtype",
-         "kv_layout", "preemption_mode", "quantization_group_size", "quantization_skip",
-         "quantization", "tensor_parallel_size")
-
-
-def _flagged(err: ValueError) -> ValueError:
+def _flagged(err: ValueError, args: argparse.Namespace) -> ValueError:
+    """The engine's refusal as the user typed it. The field it is about (``err.field``, as the
+    server's 400 names it) is this command's flag when the command has one of that name: the
+    message's leading field name becomes the flag (max_tokens -> --max-tokens). An error of no
+    field, or of a field no flag of the command sets, is told as it is."""
+    field = getattr(err, "field", None)
     message = str(err)
-    for name in FLAGS:
-        if message.startswith(name + " "):
-            return ValueError("--" + name.replace("_", "-") + message[len(name):])
-    return err
+    if field is None or not hasattr(args, field) or not message.startswith(field + " "):
+        return err
+    return ValueError("--" + field.replace("_", "-") + message[len(field):])
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -139,7 +137,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   quantization_skip=tuple(args.quantization_skip),
                   tensor_parallel_size=args.tensor_parallel_size)
     except ValueError as err:
-        raise _flagged(err) from err
+        raise _flagged(err, args) from err
     if args.chat is not None:  # one user message through the checkpoint's chat template
         if not args.chat.strip():
             raise ValueError("--chat is empty; give a question or an instruction")
@@ -169,7 +167,7 @@ def stream(llm: LLM, prompt: dict, params: SamplingParams):
                     yield text[shown:]
                     shown = len(text)
     finally:  # Ctrl-C mid-answer: the request leaves the engine, its blocks freed
-        if request_id in llm.engine.groups:
+        if llm.engine.has_request(request_id):
             llm.engine.abort_request(request_id)
 
 
@@ -181,7 +179,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                                 max_tokens=args.max_tokens)
         llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=True)
     except ValueError as err:
-        raise _flagged(err) from err
+        raise _flagged(err, args) from err
     chat_template_of(llm.tokenizer)  # a model without one is refused before the first line
     messages = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
@@ -222,7 +220,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         return serve(args)
     except ValueError as err:
-        raise _flagged(err) from err
+        raise _flagged(err, args) from err
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,13 +13,14 @@ The pieces, front end first::
     HTTP routes ──> DataParallelEngine.add_request ── routes to the least-loaded replica
                       │                     │
                 AsyncLLMEngine 0      AsyncLLMEngine 1     (engine threads, in the front end)
-                      │ ReplicaEngine 0       │ ReplicaEngine 1   (a pipe each)
+                      │ ReplicaClient 0       │ ReplicaClient 1   (a pipe each)
                 ───────────────── process boundary ─────────────────
                    replica 0: LLMEngine   replica 1: LLMEngine     (+ their TP ranks, if any)
 
 Each replica's engine thread is the front end's ordinary ``AsyncLLMEngine``; what it steps is a
-``ReplicaEngine``, a stand-in for ``LLMEngine`` whose calls (add, abort, step) are carried to
-the replica process over a pipe and answered there. So streaming, aborts, time limits and the
+``ReplicaClient``, the replica's ``EngineClient``: its calls (``AddRequest``, ``AbortRequest``,
+``Step``: ``messages``) are carried to the replica process over a pipe and answered there with
+a ``Reply`` that brings the replica's state back. So streaming, aborts, time limits and the
 metrics work through the router exactly as they do with one engine, and the replicas step
 concurrently (each engine thread waits on its own pipe, not holding the GIL).
 
@@ -46,9 +47,22 @@ import signal
 import time
 import traceback
 
+from pagedllm.reference.engine.client import EngineClient, ModelLimits
 from pagedllm.reference.engine.outputs import RequestOutput
 
 from .async_engine import AsyncLLMEngine, RequestStream
+from .loader import load_llm
+from .messages import (
+    AbortRequest,
+    AddRequest,
+    LoadFailed,
+    Ready,
+    ReplicaInfo,
+    ReplicaState,
+    Reply,
+    Step,
+    Stop,
+)
 from .metrics import ServerMetrics
 
 START_TIMEOUT = 300.0  # seconds for a replica to load its model
@@ -129,9 +143,7 @@ def visible_gpus() -> list[str]:
 
 # -- the replica process ---------------------------------------------------------------------------
 def _replica_main(args: argparse.Namespace, index: int, gpus: str | None, conn) -> None:
-    """Load the engine, then answer the front end's calls until "stop" or the pipe closes."""
-    from .launch import load_llm
-
+    """Load the engine, then answer the front end's calls until Stop or the pipe closes."""
     # Ctrl-C reaches every process of the terminal's group: the front end alone answers it,
     # and stops the replicas (and they their ranks) in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -146,34 +158,33 @@ def _replica_main(args: argparse.Namespace, index: int, gpus: str | None, conn) 
     except BaseException as err:  # noqa: BLE001 - the front end raises it, ends every replica
         # The error itself, not its text: the front end raises the same kind (a ValueError
         # stays a ValueError), so the CLI tells a user's mistake in the same one line.
-        conn.send(("failed", _picklable(err), traceback.format_exc()))
+        conn.send(LoadFailed(_picklable(err), traceback.format_exc()))
         return
-    engine = llm.engine
+    engine, held = llm.engine, set()
     try:
-        conn.send(("ready", {"tokenizer": llm.tokenizer, "model_dir": str(llm.model_dir),
-                             "max_model_len": engine.config.max_model_len,
-                             "max_logprobs": engine.config.max_logprobs,
-                             "vocab_size": engine.vocab_size}, _state(engine)))
+        conn.send(Ready(ReplicaInfo(llm.tokenizer, str(llm.model_dir), engine.limits),
+                        _state(engine, held)))
         while True:
             try:
                 message = conn.recv_bytes()
             except EOFError:  # the front end is gone
                 return
+            result, error = None, None
             try:
                 # Unpickled here, inside the try: a call whose arguments cannot be rebuilt in
                 # this process fails alone, answered with the error, and the replica goes on.
-                op, *rest = _unpickle_call(message, index)
-                if op == "stop":
+                call = _unpickle_call(message, index)
+                if isinstance(call, Stop):
                     return
-                reply = ("ok", _call(engine, op, rest))
+                result = _answer(engine, call, held)
             except Exception as err:  # noqa: BLE001 - the caller gets it, as if called here
-                reply = ("error", _picklable(err))
-            conn.send((*reply, _state(engine)))
+                error = _picklable(err)
+            conn.send(Reply(_state(engine, held), result, error))
     finally:
         llm.shutdown()
 
 
-def _unpickle_call(message: bytes, index: int) -> tuple:
+def _unpickle_call(message: bytes, index: int):
     try:
         return pickle.loads(message)
     except Exception as err:  # noqa: BLE001 - whatever rebuilding an argument raised
@@ -183,27 +194,33 @@ def _unpickle_call(message: bytes, index: int) -> tuple:
                         "import") from None
 
 
-def _call(engine, op: str, rest: list):
-    if op == "add":
-        return engine.add_request(*rest)
-    if op == "abort":
-        if rest[0] in engine.groups:  # finished meanwhile: nothing to do
-            engine.abort_request(rest[0])
-        return None
-    if op == "step":
-        return engine.step()
-    raise ValueError(f"unknown replica call {op!r}")
+def _answer(engine: EngineClient, call, held: set[str]):
+    """Run one call on the replica's engine. ``held``: the ids of the requests it took, kept
+    here because the protocol asks the engine about one id at a time (``has_request``)."""
+    match call:
+        case AddRequest(request_id=request_id, prompt=prompt, params=params):
+            held.add(request_id)  # kept only if the engine holds it after the call (_state)
+            engine.add_request(request_id, prompt, params)
+            return None
+        case AbortRequest(request_id=request_id):
+            engine.abort_request(request_id)
+            return None
+        case Step():
+            return engine.step()
+    raise TypeError(f"unknown replica call {call!r}")
 
 
-def _state(engine) -> dict:
-    """What the front end keeps of a replica after every call: no call is needed to read it."""
+def _state(engine: EngineClient, held: set[str]) -> ReplicaState:
+    """What the front end keeps of a replica after every call: no call is needed to read it.
+    A finished, aborted or failed request has left the engine: it leaves ``held`` too."""
+    held.difference_update([r for r in held if not engine.has_request(r)])
     try:
         engine.check_health()
         health = None
     except Exception as err:  # noqa: BLE001
         health = str(err)
-    return {"requests": set(engine.groups), "unfinished": engine.has_unfinished_requests(),
-            "stats": engine.stats(), "health": health}
+    return ReplicaState(frozenset(held), engine.has_unfinished_requests(), engine.stats(),
+                        health)
 
 
 def _picklable(err: BaseException) -> BaseException:
@@ -222,85 +239,83 @@ def _picklable(err: BaseException) -> BaseException:
         return RuntimeError(f"{type(err).__name__}: {err}")
 
 
-# -- the front end's stand-in for one replica's LLMEngine ---------------------------------------
-class _Config:
-    def __init__(self, max_model_len: int, max_logprobs: int):
-        self.max_model_len, self.max_logprobs = max_model_len, max_logprobs
+# -- the front end's client of one replica ---------------------------------------------------------
+class ReplicaClient:
+    """The ``EngineClient`` of a replica in another process, for the ``AsyncLLMEngine`` that
+    steps it: ``add_request``, ``abort_request`` and ``step`` are calls over the pipe (from the
+    one engine thread); ``has_request``, ``has_unfinished_requests``, ``stats`` and
+    ``check_health`` read the state the last answer brought, so the event loop never waits on
+    a step. Only the engine thread calls, so that state is the replica's own between calls."""
 
-
-class ReplicaEngine:
-    """What an ``AsyncLLMEngine`` steps, for a replica in another process: ``add_request``,
-    ``abort_request`` and ``step`` are calls over the pipe (from the one engine thread);
-    ``groups``, ``has_unfinished_requests``, ``stats`` and ``check_health`` read what the last
-    answer brought, so the event loop never waits on a step."""
-
-    def __init__(self, index: int, process, conn, info: dict, state: dict):
+    def __init__(self, index: int, process, conn, ready: Ready):
         self.index, self.process, self.conn = index, process, conn
-        self.config = _Config(info["max_model_len"], info["max_logprobs"])
-        self.vocab_size, self.tokenizer = info["vocab_size"], info["tokenizer"]
-        self.model_dir = info["model_dir"]
-        self.dead: str | None = None
-        self._take(state)
+        self.tokenizer, self.model_dir = ready.info.tokenizer, ready.info.model_dir
+        self._limits = ready.info.limits
+        self.dead: str | None = None  # why, once its process is gone
+        self._state: ReplicaState = ready.state
 
-    def _take(self, state: dict) -> None:
-        self.groups: set[str] = state["requests"]  # the request ids the replica holds
-        self._unfinished, self._stats, self._health = (state["unfinished"], state["stats"],
-                                                       state["health"])
+    @property
+    def limits(self) -> ModelLimits:
+        return self._limits
 
-    def _request(self, op: str, *args):
+    def _call(self, call: AddRequest | AbortRequest | Step):
         if self.dead is not None:
             raise ReplicaDiedError(self.dead)
         try:
-            self.conn.send((op, *args))
-            status, result, state = self.conn.recv()
+            self.conn.send(call)
+            reply: Reply = self.conn.recv()
         except (EOFError, OSError):
             self.process.join(1.0)
             self.dead = (f"data-parallel replica {self.index} is down (its process ended with "
                          f"exit code {self.process.exitcode}); its requests were lost, the "
                          "other replicas go on")
-            self._take({"requests": set(), "unfinished": False, "stats": self._stats,
-                        "health": self.dead})
+            self._state = ReplicaState(frozenset(), False, self._state.stats, self.dead)
             raise ReplicaDiedError(self.dead) from None
-        self._take(state)
-        if status == "error":
-            raise result
-        return result
+        self._state = reply.state
+        if reply.error is not None:
+            raise reply.error
+        return reply.result
 
     def add_request(self, request_id: str, prompt, params) -> None:
-        self._request("add", request_id, prompt, params)
+        self._call(AddRequest(request_id, prompt, params))
 
     def abort_request(self, request_id: str) -> None:
-        self._request("abort", request_id)
+        self._call(AbortRequest(request_id))
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._state.request_ids
 
     def step(self) -> list[RequestOutput]:
-        return self._request("step")
+        return self._call(Step())
 
     def has_unfinished_requests(self) -> bool:
-        return self._unfinished
+        return self._state.unfinished
 
     def stats(self) -> dict:
+        stats = self._state.stats
         if self.dead is None and self.process.is_alive():
-            return self._stats
+            return stats
         # Gone: it holds nothing now (its last answer's numbers would freeze its gauges).
-        return {**self._stats, **{key: 0 for key in HELD_STATS if key in self._stats}}
+        return {**stats, **{key: 0 for key in HELD_STATS if key in stats}}
 
     @property
     def is_up(self) -> bool:
         """The process runs and its engine could step at its last answer."""
         # Read-only: only the engine thread updates the proxy's state (its next call fails).
-        return self.dead is None and self.process.is_alive() and self._health is None
+        return self.dead is None and self.process.is_alive() and self._state.health is None
 
     def check_health(self) -> None:
         if not self.is_up:
-            raise RuntimeError(self.dead or self._health or
+            raise RuntimeError(self.dead or self._state.health or
                                f"data-parallel replica {self.index} is down (its process "
                                f"ended with exit code {self.process.exitcode})")
 
-    def stop(self) -> None:
-        """Ask the process to end (after the step in progress); kill it if it does not."""
+    def shutdown(self) -> None:
+        """Ask the process to end (after the step in progress); kill it if it does not. Safe
+        to call twice."""
         if self.process.is_alive():
             try:
-                self.conn.send(("stop",))
+                self.conn.send(Stop())
             except OSError:
                 pass
             self.process.join(STOP_TIMEOUT)
@@ -310,16 +325,9 @@ class ReplicaEngine:
         self.conn.close()
 
 
-class _ReplicaLLM:
-    """The ``llm`` an AsyncLLMEngine is built on: its engine and tokenizer."""
-
-    def __init__(self, engine: ReplicaEngine):
-        self.engine, self.tokenizer = engine, engine.tokenizer
-
-
 class DataParallelLLM:
     """M replicas of ``load_llm(args)``, each in a process of its own (not daemonic: a
-    tensor-parallel replica starts its own rank processes)."""
+    tensor-parallel replica starts its own rank processes); ``replicas`` are their clients."""
 
     def __init__(self, args: argparse.Namespace):
         size = args.data_parallel_size
@@ -337,7 +345,7 @@ class DataParallelLLM:
             child.close()
             starting.append((index, process, parent))
         try:
-            self.replicas: list[ReplicaEngine] = wait_ready(starting)
+            self.replicas: list[ReplicaClient] = wait_ready(starting)
         except BaseException:
             for _, process, conn in starting:
                 process.kill()
@@ -353,7 +361,7 @@ class DataParallelLLM:
 
     def shutdown(self) -> None:
         for replica in self.replicas:
-            replica.stop()
+            replica.shutdown()
 
     def __enter__(self):
         return self
@@ -362,8 +370,8 @@ class DataParallelLLM:
         self.shutdown()
 
 
-def wait_ready(starting: list, timeout: float = START_TIMEOUT) -> list[ReplicaEngine]:
-    """Each replica's engine once it has loaded; ``starting``: (index, process, pipe) of each.
+def wait_ready(starting: list, timeout: float = START_TIMEOUT) -> list[ReplicaClient]:
+    """Each replica's client once it has loaded; ``starting``: (index, process, pipe) of each.
 
     All are watched at once, so the first to fail ends the wait whichever it is. A replica that
     could not load sent its error: it is raised here, the replica's traceback as its cause. One
@@ -389,11 +397,14 @@ def wait_ready(starting: list, timeout: float = START_TIMEOUT) -> list[ReplicaEn
                 process.join(5.0)  # its pipe closed as it ended: the exit code comes a moment later
                 raise RuntimeError(f"data-parallel replica {index} died while loading the model "
                                    f"(exit code {process.exitcode})") from None
-            if message[0] == "failed":
-                _, error, trace = message
-                raise error from RemoteTraceback(trace)
-            _, info, state = message
-            ready[index] = ReplicaEngine(index, process, conn, info, state)
+            match message:
+                case LoadFailed(error=error, traceback=trace):
+                    raise error from RemoteTraceback(trace)
+                case Ready():
+                    ready[index] = ReplicaClient(index, process, conn, message)
+                case _:
+                    raise RuntimeError(f"data-parallel replica {index} sent {message!r} "
+                                       "instead of Ready or LoadFailed")
     return [ready[index] for index in sorted(ready)]
 
 
@@ -413,15 +424,15 @@ def total_stats(per_replica: list[dict]) -> dict:
 # -- the front end: one AsyncLLMEngine per replica, and the router ---------------------------------
 class DataParallelEngine:
     """The server's engine for M replicas: the surface of ``AsyncLLMEngine`` (the routes and
-    responses use it unchanged), each request routed to one replica's AsyncLLMEngine."""
+    responses use it unchanged), each request routed to one replica's AsyncLLMEngine. Any
+    engine clients will do (``DataParallelLLM.replicas``: one per replica process); replica i's
+    metrics carry the label engine="i"."""
 
-    def __init__(self, llm: DataParallelLLM, metrics: ServerMetrics):
-        self.llm, self.tokenizer = llm, llm.tokenizer
-        self.replicas = [AsyncLLMEngine(_ReplicaLLM(r), metrics.for_engine(r.index))
-                         for r in llm.replicas]
-        self.max_model_len = self.replicas[0].max_model_len
-        self.vocab_size = self.replicas[0].vocab_size
-        self.max_logprobs = self.replicas[0].max_logprobs
+    def __init__(self, clients: list[EngineClient], metrics: ServerMetrics):
+        self.metrics = metrics
+        self.replicas = [AsyncLLMEngine(client, metrics.for_engine(i))
+                         for i, client in enumerate(clients)]
+        self.tokenizer, self.limits = self.replicas[0].tokenizer, self.replicas[0].limits
         self._incoming = [0] * len(self.replicas)  # routed, not yet taken
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -445,12 +456,7 @@ class DataParallelEngine:
         return sum(r.steps for r in self.replicas)
 
     def check_health(self) -> None:
-        down = []
-        for replica in self.replicas:
-            try:
-                replica.check_health()
-            except Exception as err:  # noqa: BLE001
-                down.append(str(err))
+        down = [error for error in map(_health_error, self.replicas) if error is not None]
         if down:
             raise RuntimeError("; ".join(down))
 
@@ -460,7 +466,8 @@ class DataParallelEngine:
         def load(i: int):
             replica = self.replicas[i]
             stats = replica.stats
-            return (not replica.engine.is_up, replica.num_unfinished + self._incoming[i],
+            return (_health_error(replica) is not None,
+                    replica.num_unfinished + self._incoming[i],
                     stats["blocks_used"] - stats["blocks_total"], i)
         return min(range(len(self.replicas)), key=load)
 
@@ -479,3 +486,13 @@ class DataParallelEngine:
         router keeps no map of requests that would outlive them."""
         for replica in self.replicas:
             replica.abort(request_id)
+
+
+def _health_error(replica: AsyncLLMEngine) -> str | None:
+    """Why the replica cannot step, or None. A replica client answers from its last state,
+    without a call, so the router may ask before every request."""
+    try:
+        replica.check_health()
+    except Exception as err:  # noqa: BLE001 - any failure: down, and why
+        return str(err)
+    return None

@@ -2,8 +2,10 @@
 
 ``RequestMapper.completion`` and ``RequestMapper.chat`` parse a decoded body (``protocol``: a
 400 naming the first bad field), check the model name (404) and what SamplingParams does not
-(float32's limits, text no tokenizer can encode), and return an ``EngineRequest``: the prompts,
-their SamplingParams, and what shaping the answer needs to know of the request.
+(text no tokenizer can encode), and return an ``EngineRequest``: the prompts, their
+SamplingParams, and what shaping the answer needs to know of the request. The sampling values'
+limits are SamplingParams' alone (float32's range included): serving maps its refusal, it does
+not check them again.
 
 ``refusal`` turns a refusal by SamplingParams or by the engine's ``add_request`` into a 400
 naming the request's field. Both raise the typed errors of ``reference/engine/validation.py``,
@@ -13,6 +15,7 @@ which carry the field they are about, so no message is read for it.
 from dataclasses import dataclass
 
 from pagedllm.reference.engine.chat import chat_prompt
+from pagedllm.reference.engine.client import ModelLimits
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.engine.structured_outputs import StructuredOutputsParams
 
@@ -23,9 +26,6 @@ from .protocol import (
     parse_request,
     structured_outputs_spec,
 )
-
-FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
 @dataclass
@@ -60,11 +60,10 @@ def refusal(err: Exception, prompt_field: str) -> APIError:
 class RequestMapper:
     """Maps the bodies of /v1/completions and /v1/chat/completions for one served model."""
 
-    def __init__(self, model_name: str, tokenizer, max_model_len: int, vocab_size: int,
-                 max_logprobs: int):
+    def __init__(self, model_name: str, tokenizer, limits: ModelLimits):
         self.model_name, self.tokenizer = model_name, tokenizer
-        self.max_model_len, self.vocab_size = max_model_len, vocab_size
-        self.max_logprobs = max_logprobs  # the engine's cap (-1: none); the engine checks k
+        self.max_model_len, self.vocab_size = limits.max_model_len, limits.vocab_size
+        self.max_logprobs = limits.max_logprobs  # the engine's cap (-1: none); it checks k
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -97,27 +96,17 @@ class RequestMapper:
                 prompt_field: str, prompt_logprobs: int | None = None) -> SamplingParams:
         """OpenAI's fields -> SamplingParams, whose own checks name the field (400).
 
-        The sampler holds temperature and top_p as float32 and top_k as int64: a temperature
-        past float32's range would turn into inf (and a blocked token's -inf logit into NaN),
-        so it is refused; a top_p below float32's smallest normal number would round to 0, so
-        it becomes that number (either keeps only the most likely tokens); a top_k of the
-        vocabulary or more keeps every token, so it becomes -1 (all tokens) before it can
-        overflow int64 in a step and fail every request of that step."""
-        if isinstance(req.temperature, float) and req.temperature > FLOAT32_MAX:
-            raise APIError(400, f"temperature must be <= {FLOAT32_MAX:g} (float32's largest "
-                                f"number), got {req.temperature:g}", "temperature")
-        top_p = req.top_p
-        if isinstance(top_p, float) and 0.0 < top_p < FLOAT32_TINY:
-            top_p = FLOAT32_TINY
-        top_k = req.top_k
-        if top_k == 0 or top_k >= self.vocab_size:
-            top_k = -1
+        Values are passed as they came: SamplingParams refuses what the sampler cannot run (a
+        temperature past float32's range), and the sampler reads a top_p below float32's
+        smallest normal number, or a top_k of the vocabulary or more, as the nearest value it
+        holds. Only vLLM's spelling is mapped: top_k 0 means all tokens, SamplingParams' -1."""
+        top_k = -1 if req.top_k == 0 else req.top_k
         logit_bias = _logit_bias(req.logit_bias)
         structured = structured_outputs_spec(req)  # (spec's keywords, its field) or None
         try:
             spec = None if structured is None else _structured_outputs(*structured)
             return SamplingParams(
-                n=req.n, temperature=req.temperature, top_p=top_p, top_k=top_k, seed=req.seed,
+                n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=top_k, seed=req.seed,
                 max_tokens=max_tokens if max_tokens is not None else self.max_model_len,
                 min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
                 ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,

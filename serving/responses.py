@@ -21,7 +21,7 @@ from fastapi.responses import Response
 
 from pagedllm.reference.engine.sampling_params import SamplingParams
 
-from .async_engine import AsyncLLMEngine, EngineStepError
+from .async_engine import EngineStepError, ServingEngine
 from .protocol import error_body, now, usage
 
 
@@ -251,7 +251,7 @@ class EngineResponse(Response):
     frees its KV blocks at the next step, not when its answer would have been complete.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, run: RequestRun, stream: bool,
+    def __init__(self, engine: ServingEngine, run: RequestRun, stream: bool,
                  timeout: float | None):
         # Response's own attributes are not used: the status and the body are sent below.
         self.engine, self.run, self.stream, self.timeout = engine, run, stream, timeout

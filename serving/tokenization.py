@@ -22,6 +22,7 @@ field, as everywhere in the server.
 from pydantic import BaseModel, ConfigDict, Field
 
 from pagedllm.reference.engine.chat import chat_prompt
+from pagedllm.reference.engine.client import ModelLimits
 
 from .protocol import APIError, ChatMessage, parse_request
 from .request_mapping import check_utf8
@@ -65,9 +66,9 @@ def _json_safe(value):
 class Tokenization:
     """The three endpoints for one served model's tokenizer."""
 
-    def __init__(self, model_name: str, tokenizer, max_model_len: int, vocab_size: int):
+    def __init__(self, model_name: str, tokenizer, limits: ModelLimits):
         self.model_name, self.tokenizer = model_name, tokenizer
-        self.max_model_len, self.vocab_size = max_model_len, vocab_size
+        self.max_model_len, self.vocab_size = limits.max_model_len, limits.vocab_size
 
     def _check(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

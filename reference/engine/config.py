@@ -20,7 +20,8 @@ from ..kv_size import kv_size
 from ..model import load_config, resolve_model
 from ..model.config import ModelConfig
 from ..model.gguf import converted_from
-from ..model.loader import parse_device
+from ..model.loader import ARCHITECTURES, parse_device
+from ..model.quantization import check_skip
 from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
 from ..model.tensor_parallel import attention_heads, check_tensor_parallel_size
 from ..ops import KV_CACHE_DTYPES, REFERENCE_BACKEND, Backend, KVCacheFormat, kv_cache_format
@@ -34,6 +35,7 @@ from .validation import (
     check_choice,
     check_float,
     check_int,
+    check_names,
 )
 
 KV_LAYOUTS = ("paged", "contiguous")
@@ -73,7 +75,9 @@ class EngineArgs:
     calculate_kv_scales: bool = False  # fp8: per-tensor scales from the first batch, not 1.0
     quantization: str | None = None  # weights: "int8" (per output channel), "int4" (per group)
     quantization_group_size: int = 32  # int4: inputs per group (32, 64, 128 or 256)
-    quantization_skip: tuple[str, ...] = ()  # linear layers left unquantized, e.g. ("lm_head",)
+    # linear layers left unquantized, e.g. ("lm_head",) or ("mlp.down_proj",): each entry the
+    # full module name or a run of its dot-separated parts (model/quantization.py:skip_matches)
+    quantization_skip: tuple[str, ...] | None = ()
     tensor_parallel_size: int = 1  # ranks splitting every layer (torch.distributed workers)
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: no cap
 # --8<-- [end:engine_args]
@@ -201,6 +205,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise FieldValueError("quantization", f"quantization 'gguf' serves a GGUF file's own "
                               f"blocks; {args.model} is not a .gguf model: give a .gguf file "
                               "or a name such as smollm2-135m-instruct, or use 'int8' / 'int4'")
+    _check_skip_names(quant_skip, cfg)
     if kv_format.values_per_byte == 2 and cfg.head_dim % 2:
         raise FieldValueError("kv_cache_dtype", f"kv_cache_dtype 'int4' packs two values per "
                               f"byte, half of head_dim into each nibble; this model's head_dim "
@@ -355,18 +360,40 @@ def _check_tensor_parallel(args: EngineArgs, device: torch.device) -> None:
 
 
 def _check_quantization(args: EngineArgs) -> tuple[str, ...]:
-    """quantization, its group size and the layers it skips; the skip list as a tuple."""
+    """quantization, its group size and the layers it skips; the skip list as a tuple (None:
+    no skip). The group size is an int >= 1 whatever the scheme (a typo must not wait for the
+    scheme that reads it: 32.0 would pass ``in (32, ...)`` and fail inside torch at load), one
+    of INT4_GROUP_SIZES for int4. Skip entries are names of layers or runs of their parts,
+    so none is empty or has an empty part; whether each names a layer of this model is checked
+    once the checkpoint's config is read (``_check_skip_names``)."""
     if args.quantization is not None and not isinstance(args.quantization, str):
         raise FieldTypeError("quantization", f"quantization must be None or a name, one of "
                              f"{WEIGHT_QUANTIZATIONS}; got {args.quantization!r}")
     check_choice("quantization", args.quantization, (None, *WEIGHT_QUANTIZATIONS))
+    check_int("quantization_group_size", args.quantization_group_size, low=1)
     if args.quantization == "int4":
         check_choice("quantization_group_size", args.quantization_group_size, INT4_GROUP_SIZES)
-    skip = args.quantization_skip
-    if isinstance(skip, str) or not all(isinstance(name, str) for name in skip):
-        raise FieldTypeError("quantization_skip", f"quantization_skip must be a list of layer "
-                             f"names, e.g. ['lm_head'], got {skip!r}")
-    return tuple(skip)
+    skip = check_names("quantization_skip", args.quantization_skip, "['lm_head']")
+    bad = [name for name in skip if "" in name.strip().split(".")]
+    if bad:
+        raise FieldValueError("quantization_skip", f"quantization_skip {bad[0]!r} has an empty "
+                              "part: an entry is a layer's module name or a run of its "
+                              "dot-separated parts, e.g. 'down_proj' or 'mlp.down_proj'")
+    return skip
+
+
+def _check_skip_names(skip: tuple[str, ...], cfg: ModelConfig) -> None:
+    """Every skip entry names a linear layer of the model (``check_skip``), checked on the
+    model's module tree built on the meta device (no memory, no weights): before any weight
+    loads, on every tier, and whatever the scheme (a typo refused without quantization too)."""
+    if not skip:
+        return
+    with torch.device("meta"):
+        model = ARCHITECTURES[cfg.model_type](cfg)
+    try:
+        check_skip(skip, model)
+    except ValueError as err:
+        raise FieldValueError("quantization_skip", str(err)) from None
 
 
 def _kv_cache_format(args: EngineArgs) -> KVCacheFormat:

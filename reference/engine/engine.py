@@ -34,13 +34,13 @@ from .beam_search import BeamSearchParams
 from .client import ModelLimits
 from .config import EngineArgs, EngineConfig
 from .output_processor import OutputProcessor
-from .outputs import RequestOutput
+from .outputs import ModelRunnerOutput, RequestOutput
 from .request_checks import check_params, check_request, prompt_ids
 from .runner_factory import create_model_runner, load_engine_model
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceGroup, next_seq_id
-from .step_inputs import ModelRunnerOutput, StepInputs, prepare_inputs
+from .step_inputs import StepInputs, prepare_inputs
 from .structured_outputs.admission import GrammarAdmission
 
 StepObserver = Callable[["LLMEngine", SchedulerOutput, StepInputs], None]

@@ -1,7 +1,12 @@
 """What the engine hands back, in vLLM's shape: a RequestOutput per request, holding a
-CompletionOutput per generated sequence."""
+CompletionOutput per generated sequence; and what a step's forward hands the scheduler
+(ModelRunnerOutput, vLLM's name)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ops import SamplerOutput
 
 
 @dataclass
@@ -27,3 +32,17 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     # beside it: each prompt token's rank in its distribution (1 = the most likely)
     prompt_token_ranks: list[int | None] | None = None
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What a step's forward and sampler gave, for ``Scheduler.update_from_output``."""
+
+    sampled: SamplerOutput  # one token per sampling row
+    logits: torch.Tensor  # [S (+ P prompt rows), vocab]: the sampling rows', then prompts'
+    rows: list  # step_inputs.LogitsRow per sampling row: which sequence and sample it is for
+    prompt_rows: list = field(default_factory=list)  # prompt_logprobs.PromptLogprobRows
+
+    @property
+    def prompt_logits(self) -> torch.Tensor:
+        return self.logits[len(self.rows):]  # [P, vocab]

@@ -28,17 +28,14 @@ in, to copy (copy-on-write) — which the cache engine carries out before the fo
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from .beam_step import beam_step
 from .output_processor import OutputProcessor
+from .outputs import ModelRunnerOutput
 from .prompt_logprobs import collect_prompt_logprobs
 from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
-
-if TYPE_CHECKING:  # step_inputs imports this module's ScheduledSeq
-    from .step_inputs import ModelRunnerOutput
 
 
 @dataclass
@@ -124,7 +121,7 @@ class Scheduler:
 
     # --8<-- [start:update_from_output]
     def update_from_output(self, out: SchedulerOutput,
-                           output: "ModelRunnerOutput") -> list[SequenceGroup]:
+                           output: ModelRunnerOutput) -> list[SequenceGroup]:
         """After the forward, the one place its results change the requests and their KV:
         the scheduled tokens are computed (counts move on; full blocks become findable by
         later prompts), prompt rows give their prompt logprobs, the sampled tokens join
@@ -142,7 +139,7 @@ class Scheduler:
         self.finish_requests(touched)
         return touched
 
-    def _append_sampled(self, output: "ModelRunnerOutput") -> None:
+    def _append_sampled(self, output: ModelRunnerOutput) -> None:
         sampled = output.sampled
         tokens, logprobs = sampled.token_ids.tolist(), sampled.logprobs.tolist()
         top_ids, top_lps = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()

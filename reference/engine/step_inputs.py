@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model import AttentionMetadata
-from ..ops import SamplerOutput, SamplingMetadata
+from ..ops import SamplingMetadata
 from ..ops.sampling import SamplingRow
 from .prompt_logprobs import PromptLogprobRows, prompt_rows
 from .scheduler import ScheduledSeq, SchedulerOutput
@@ -49,20 +49,6 @@ class StepInputs:
     sampling: SamplingMetadata
     # prompt_logprobs' rows: logits rows len(rows) onwards, in this order
     prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
-
-
-@dataclass
-class ModelRunnerOutput:
-    """What a step's forward and sampler gave, for ``Scheduler.update_from_output``."""
-
-    sampled: SamplerOutput  # one token per sampling row
-    logits: torch.Tensor  # [S (+ P prompt rows), vocab]: the sampling rows', then prompts'
-    rows: list[LogitsRow]  # what sampling row r is for
-    prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
-
-    @property
-    def prompt_logits(self) -> torch.Tensor:
-        return self.logits[len(self.rows):]  # [P, vocab]
 
 
 def _sample_indices(item: ScheduledSeq) -> list[int]:

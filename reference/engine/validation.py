@@ -94,3 +94,23 @@ def check_choice(name: str, value, choices: tuple) -> None:
     """value is one of choices."""
     if value not in choices:
         raise FieldValueError(name, f"{name} {value!r} is unknown; choose one of {choices}")
+
+
+def check_names(name: str, value, example: str) -> tuple[str, ...]:
+    """A list of non-empty strings, as a tuple; None is no names (as ``stop=None`` is no stop
+    string). One string is refused rather than read as its letters or as a list of one: the
+    field holds a list, and a bare string is likelier a mistake for one (example shows one)."""
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes | dict) or not hasattr(value, "__iter__"):
+        raise FieldTypeError(name, f"{name} must be a list of names, e.g. {example}, got "
+                             f"{value!r} ({type(value).__name__})")
+    names = tuple(value)
+    wrong = [v for v in names if not isinstance(v, str)]
+    if wrong:
+        raise FieldTypeError(name, f"{name} must hold names (strings), e.g. {example}, got "
+                             f"{wrong[0]!r} ({type(wrong[0]).__name__})")
+    if any(not v.strip() for v in names):
+        raise FieldValueError(name, f"{name} must hold non-empty names, e.g. {example}, got "
+                              f"{list(names)!r}")
+    return names

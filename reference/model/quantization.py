@@ -4,7 +4,9 @@
 Every ``nn.Linear`` becomes a ``QuantizedLinear`` holding its codes and scales
 (``ops/weight_quant.py``) instead of the float weight: the float copy is dropped, so the weight
 bytes shrink by the scheme's ratio. Embeddings and norms stay in the model's dtype. A layer
-named in ``skip`` (its name or a part of it, e.g. ``lm_head``) keeps its float weight.
+named in ``skip`` keeps its float weight (``skip_matches``: its full module name or a run of its
+dot-separated parts, e.g. ``lm_head``, ``down_proj``, ``mlp.down_proj``); a skip entry that names
+no linear layer is refused (``check_skip``), as a typo would otherwise quantize every layer.
 A tied LM head stays the embedding's float table (quantizing it would make a second copy).
 """
 
@@ -63,6 +65,48 @@ def check_quantization(scheme, group_size) -> None:
                          f"got {group_size!r}")
 
 
+# --8<-- [start:skip_matches]
+def skip_matches(entry: str, name: str) -> bool:
+    """Whether the quantization_skip entry names the linear layer ``name`` (its module name,
+    e.g. ``model.layers.0.mlp.down_proj``): the entry is the full name or any run of its
+    dot-separated parts taken whole, in order and side by side: ``down_proj``,
+    ``mlp.down_proj``, ``layers.0.mlp.down_proj`` and ``layers.0`` match it; ``down``,
+    ``proj``, ``down-proj``, ``mlp.up_proj`` and ``layers.mlp`` do not. No wildcards and no
+    partial parts, so a name cannot catch a layer by accident (``proj`` is not every
+    projection). Under tensor parallelism a row-parallel layer is ``...o_proj.linear``: the
+    same entries match it."""
+    want, parts = entry.split("."), name.split(".")
+    n = len(want)
+    return any(parts[i:i + n] == want for i in range(len(parts) - n + 1))
+# --8<-- [end:skip_matches]
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The module names of the model's linear layers (``nn.Linear``), in order."""
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def check_skip(skip, model: nn.Module) -> None:
+    """Every skip entry names at least one linear layer of the model (``skip_matches``);
+    otherwise a ValueError naming quantization_skip, the entries that match nothing and the
+    layers' distinct last parts. Nothing else would tell a typo (``down-proj``) from a layer
+    left float: the model would be quantized whole without a word."""
+    names = linear_names(model)
+    unmatched = [entry for entry in skip if not any(skip_matches(entry, n) for n in names)]
+    if not unmatched:
+        return
+    if not names:
+        raise ValueError(f"quantization_skip {list(unmatched)!r}: this model has no linear "
+                         "layers to leave out")
+    last = ", ".join(dict.fromkeys(n.rpartition(".")[2] for n in names))
+    example = names[0].split(".")
+    runs = ", ".join(dict.fromkeys(repr(".".join(example[-n:])) for n in (1, 2, len(example))))
+    raise ValueError(f"quantization_skip {', '.join(map(repr, unmatched))} "
+                     f"match{'es' if len(unmatched) == 1 else ''} no linear layer of this "
+                     f"model; its linear layers end in {last}. An entry names a layer by its "
+                     f"full module name or a run of its dot-separated parts (e.g. {runs})")
+
+
 def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
                    skip: tuple[str, ...] = (), gguf_file: Path | None = None,
                    row_absmax: dict[str, torch.Tensor] | None = None) -> nn.Module:
@@ -72,14 +116,18 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
     blocks from the file itself; the others keep their (dequantized) float weights, and
     ``float_linears`` names them. A tied LM head is left as it is: it is the embedding's
     table, which stays float, and a quantized copy would add its bytes and its error.
+    skip: the layers left float, each entry matched by ``skip_matches`` (for "gguf" too: a
+    skipped layer is not looked up in the file and keeps the float weight the file was
+    converted to); an entry that matches no linear layer is a ValueError (``check_skip``).
     row_absmax: {layer name: [out]} the whole rows' max |w| for layers that hold a slice of
     their inputs (tensor parallelism's row-parallel shards): int8 scales them by it."""
     # --8<-- [start:select_layers]
     check_quantization(scheme, group_size)
+    check_skip(skip, model)
     embedding = decoder_stack(model).embed_tokens.weight
     names = {name: module for name, module in model.named_modules()
              if isinstance(module, nn.Linear)
-             and not (name in skip or set(name.split(".")) & set(skip))
+             and not any(skip_matches(entry, name) for entry in skip)
              and module.weight.data_ptr() != embedding.data_ptr()}  # not a tied head
     if scheme == "gguf":
         dtype = next(model.parameters()).dtype

@@ -13,10 +13,19 @@ import pytest
 
 from pagedllm.optimized import LLM
 from pagedllm.serving.api_server import ServerThread, build_app
+from pagedllm.serving.async_engine import AsyncLLMEngine
 from pagedllm.serving.default_model import default_model_dir
+from pagedllm.serving.metrics import ServerMetrics
 
 MODEL = "tiny-pydoc"
 HANG_GUARD_S = 300.0  # only a hang runs this long: see wait_for
+
+
+def app_for(llm, name: str = MODEL, **options):
+    """The app around an LLM of either tier, as ``pagedllm serve`` builds it: an AsyncLLMEngine
+    stepping the LLM's engine, with the server's metrics."""
+    engine = AsyncLLMEngine(llm.engine, ServerMetrics(name))
+    return build_app(engine, name, root=str(llm.model_dir), **options)
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +40,7 @@ def reference_llm():
 
 @pytest.fixture(scope="module")
 def server(served_llm):
-    with ServerThread(build_app(served_llm, MODEL)) as running:
+    with ServerThread(app_for(served_llm)) as running:
         yield running
 
 

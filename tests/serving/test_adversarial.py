@@ -125,7 +125,7 @@ def test_text_parts_are_joined_as_vllm_joins_them(server):
 # -- faults in the engine thread outside engine.step(): the thread died, requests hung ----------
 def test_a_failing_stats_read_neither_kills_the_thread_nor_hangs(server, monkeypatch):
     engine = server.app.state.engine
-    real = engine.engine.stats
+    real = engine.client.stats
     calls = {"n": 0}
 
     def flaky():
@@ -134,7 +134,7 @@ def test_a_failing_stats_read_neither_kills_the_thread_nor_hangs(server, monkeyp
             raise RuntimeError("injected: stats failed")
         return real()
 
-    monkeypatch.setattr(engine.engine, "stats", flaky)
+    monkeypatch.setattr(engine.client, "stats", flaky)
     with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
                       json={**GOOD, "max_tokens": 8, "ignore_eos": True, "stream": True}) as r:
         lines = [line for line in r.iter_lines() if line]
@@ -147,7 +147,7 @@ def test_a_failing_stats_read_neither_kills_the_thread_nor_hangs(server, monkeyp
 
 def test_a_failing_abort_neither_kills_the_thread_nor_leaks(server, monkeypatch):
     engine = server.app.state.engine
-    real = engine.engine.abort_request
+    real = engine.client.abort_request
     calls = {"n": 0}
 
     def flaky(request_id):
@@ -156,7 +156,7 @@ def test_a_failing_abort_neither_kills_the_thread_nor_leaks(server, monkeypatch)
             raise RuntimeError("injected: abort failed")
         return real(request_id)
 
-    monkeypatch.setattr(engine.engine, "abort_request", flaky)
+    monkeypatch.setattr(engine.client, "abort_request", flaky)
     # Long enough that the server sees the hang-up before the request could end by itself.
     body = {**GOOD, "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
@@ -176,7 +176,7 @@ def test_shutdown_ends_live_requests_and_refuses_new_ones(reference_llm):
     forever), and an add racing the thread's end was never answered."""
 
     async def scenario():
-        engine = AsyncLLMEngine(reference_llm)
+        engine = AsyncLLMEngine(reference_llm.engine)
         engine.start()
         params = SamplingParams(max_tokens=500, ignore_eos=True)
         stream = await engine.add_request("long", "The for statement", params)
@@ -193,7 +193,7 @@ def test_shutdown_ends_live_requests_and_refuses_new_ones(reference_llm):
         return reference_llm.engine.stats()
 
     stats = asyncio.run(scenario())
-    assert stats["blocks_used"] == 0 and not reference_llm.engine.groups
+    assert stats["blocks_used"] == 0 and not reference_llm.engine.has_unfinished_requests()
 
 
 def test_streams_of_every_shape_end_with_done(server):

@@ -9,9 +9,9 @@ import pytest
 
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
-from pagedllm.serving.api_server import ServerThread, build_app
+from pagedllm.serving.api_server import ServerThread
 
-from .conftest import MODEL, wait_for, wait_until_idle
+from .conftest import MODEL, app_for, wait_for, wait_until_idle
 
 GOOD = {"model": MODEL, "prompt": "The for statement", "max_tokens": 3}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
@@ -78,7 +78,7 @@ def test_a_refusal_without_a_field_names_none(server, monkeypatch):
     def refuse(*args):
         raise ValueError("prompt of 5 tokens: n = 2 could never finish")
 
-    monkeypatch.setattr(server.app.state.engine.engine, "add_request", refuse)
+    monkeypatch.setattr(server.app.state.engine.client, "add_request", refuse)
     r = httpx.post(server.url + "/v1/completions", json=GOOD, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] is None, r.text
     monkeypatch.undo()
@@ -124,7 +124,7 @@ def no_template_llm(tmp_path_factory):
 
 
 def test_chat_without_a_template_and_the_api_key(no_template_llm):
-    app = build_app(no_template_llm, "plain", api_key="sesame")
+    app = app_for(no_template_llm, "plain", api_key="sesame")
     with ServerThread(app) as server:
         assert server.host == "127.0.0.1"
         for path, body in (("completions", {"prompt": "hi", "max_tokens": 2}),
@@ -156,10 +156,10 @@ def test_a_request_past_the_timeout_is_aborted(no_template_llm, monkeypatch):
     when streaming), is aborted, and leaves the engine holding nothing. It cannot finish by
     construction, not because this machine is slow: the engine's step waits until the server
     has answered and sent the abort, so at most one of its 100 tokens is made."""
-    app = build_app(no_template_llm, "plain", request_timeout=0.02)
+    app = app_for(no_template_llm, "plain", request_timeout=0.02)
     engine, aborts = app.state.engine, app.state.metrics.finished["abort"]
     may_step, abort_sent = threading.Event(), threading.Event()
-    real_step, real_abort = engine.engine.step, engine.abort
+    real_step, real_abort = engine.client.step, engine.abort
 
     def gated_step():
         may_step.wait()
@@ -169,7 +169,7 @@ def test_a_request_past_the_timeout_is_aborted(no_template_llm, monkeypatch):
         real_abort(request_id)
         abort_sent.set()
 
-    monkeypatch.setattr(engine.engine, "step", gated_step)
+    monkeypatch.setattr(engine.client, "step", gated_step)
     monkeypatch.setattr(engine, "abort", noted_abort)
     body = {"prompt": "hi", "max_tokens": 100, "ignore_eos": True}
     try:
@@ -191,6 +191,6 @@ def test_a_request_past_the_timeout_is_aborted(no_template_llm, monkeypatch):
             may_step.set()
             wait_for(lambda: aborts._value.get() == 2, "the engine taking the second abort")
             assert wait_until_idle(server)["blocks_used"] == 0
-            assert not no_template_llm.engine.groups
+            assert not no_template_llm.engine.has_unfinished_requests()
     finally:
         may_step.set()  # never leave the engine thread waiting, whatever failed

@@ -85,6 +85,12 @@ def test_user_mistakes_are_one_error_line_not_a_traceback(checkpoints, tmp_path)
      "--dtype 'int8' is not supported"),
     (["generate", "--model", "{model}", "--prompt", "x", "--block-size", "0"],
      "--block-size must be >= 1"),
+    # The engine's field names the flag when the command has one of that name (err.field,
+    # not the message); a field no flag sets is told as the engine tells it.
+    (["serve", "--model", "{model}", "--device", "cpu", "--max-num-seqs", "0"],
+     "error: --max-num-seqs must be >= 1, got 0"),
+    (["serve", "--model", "{model}", "--device", "cpu", "--num-gpu-blocks-override", "-1"],
+     "error: num_gpu_blocks must be >= 1, got -1"),
     (["generate", "--model", "{model}", "--prompt", ""], "--prompt number 1 is empty"),
     (["generate", "--model", "{model}", "--prompt-ids", "1,two"],
      "--prompt-ids must be comma-separated integers, e.g. 1,2,3; 'two' is not one"),

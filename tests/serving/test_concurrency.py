@@ -66,11 +66,11 @@ def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(server):
         # within 300 of them (6 s), as the last assertion says.
         time.sleep(0.02)
 
-    engine.engine.add_step_observer(pace)
+    engine.client.add_step_observer(pace)
     try:
         _disconnect_mid_stream(server, engine)
     finally:
-        engine.engine.step_observers.remove(pace)
+        engine.client.step_observers.remove(pace)
     stats = wait_until_idle(server)
     assert stats["blocks_used"] == 0, stats
     wait_for(lambda: metrics.finished["abort"]._value.get() > aborted_before,

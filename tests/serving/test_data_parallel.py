@@ -20,10 +20,12 @@ import openai
 import psutil
 import pytest
 
+from pagedllm.reference.engine.client import EngineClient
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.serving.api_server import ServerThread, build_app
 from pagedllm.serving.args import add_serve_arguments
-from pagedllm.serving.data_parallel import DataParallelLLM, replica_devices
+from pagedllm.serving.data_parallel import DataParallelEngine, DataParallelLLM, replica_devices
+from pagedllm.serving.metrics import ServerMetrics
 
 from .conftest import HANG_GUARD_S, MODEL, wait_for
 from .test_concurrency import request
@@ -46,7 +48,8 @@ def replicas():
 
 @pytest.fixture(scope="module")
 def server(replicas):
-    with ServerThread(build_app(replicas, MODEL)) as running:
+    engine = DataParallelEngine(replicas.replicas, ServerMetrics(MODEL))
+    with ServerThread(build_app(engine, MODEL, root=replicas.model_dir)) as running:
         yield running
 
 
@@ -135,7 +138,7 @@ def test_structured_outputs_cross_to_the_replicas(server):
 def test_the_replicas_max_logprobs_reaches_the_front_end(server):
     """The front end resolves prompt_logprobs -1 against the replicas' max_logprobs (20 by
     default: refused by name); the replica refuses 21 at its door; both are 400s."""
-    assert server.app.state.engine.max_logprobs == 20
+    assert server.app.state.engine.limits.max_logprobs == 20
     for body, field in (({"prompt_logprobs": -1}, "prompt_logprobs"),
                         ({"logprobs": 21, "echo": True}, "logprobs")):
         r = httpx.post(server.url + "/v1/completions", timeout=60,
@@ -294,20 +297,31 @@ class Unrebuildable:
         return int, ("not a number",)
 
 
-def test_a_call_the_replica_cannot_unpickle_fails_alone():
-    """The replica answers that call with the error and goes on serving the next."""
+def test_a_call_the_replica_cannot_unpickle_fails_alone(reference_llm):
+    """The replica answers that call with the error and goes on serving the next. Its client
+    is an EngineClient as LLMEngine is: the same limits, has_request from the ids the replica
+    reports, and abort_request of an id it does not hold refused as LLMEngine refuses it."""
     with DataParallelLLM(serve_args("--data-parallel-size", "1")) as llm:
         (replica,) = llm.replicas
+        assert isinstance(replica, EngineClient)
+        assert replica.limits == reference_llm.engine.limits
         with pytest.raises(TypeError, match="replica 0 could not unpickle a call .*ValueError"):
             replica.add_request("bad", Unrebuildable(), SamplingParams(max_tokens=4))
-        assert replica.is_up
+        assert replica.is_up and not replica.has_request("bad")
         replica.add_request("good", "The for statement",
                             SamplingParams(max_tokens=4, ignore_eos=True))
+        assert replica.has_request("good")
+        with pytest.raises(ValueError, match="'other'"):
+            replica.abort_request("other")
         outputs = []
         while replica.has_unfinished_requests():  # bounded: 4 tokens
             outputs += replica.step()
         assert outputs[-1].request_id == "good" and outputs[-1].finished
         assert len(outputs[-1].outputs[0].token_ids) == 4
+        assert not replica.has_request("good")  # finished: the engine let it go
+        replica.add_request("dropped", "The for statement", SamplingParams(max_tokens=4))
+        replica.abort_request("dropped")
+        assert not replica.has_request("dropped") and not replica.has_unfinished_requests()
     assert not replica.process.is_alive()
 
 

@@ -12,10 +12,10 @@ import openai
 import pytest
 
 from pagedllm.optimized import SamplingParams
-from pagedllm.serving.api_server import ServerThread, build_app, load_llm
+from pagedllm.serving.api_server import ServerThread, load_llm
 from pagedllm.serving.cli import build_parser
 
-from .conftest import MODEL
+from .conftest import MODEL, app_for
 
 PROMPTS = [[40, 41, 42, 43, 44, 45, 46], [300, 12, 77, 5]]
 
@@ -32,8 +32,8 @@ def uncapped_server():
     """`pagedllm serve --max-logprobs -1`: the flags, through load_llm, to the engine."""
     llm = load_llm(build_parser().parse_args(["serve", "--max-logprobs", "-1", "--device", "cpu",
                                               "--tier", "optimized"]))
-    assert llm.engine.config.max_logprobs == -1
-    with ServerThread(build_app(llm, MODEL)) as running:
+    assert llm.engine.limits.max_logprobs == -1
+    with ServerThread(app_for(llm)) as running:
         yield running
 
 
@@ -217,7 +217,7 @@ def test_more_than_max_logprobs_is_refused_by_name(server, client, path, body, f
 
 
 def test_max_logprobs_minus_1_serves_the_whole_vocabulary(uncapped_server, reference_llm):
-    vocab = reference_llm.engine.vocab_size
+    vocab = reference_llm.engine.limits.vocab_size
     assert vocab > 21
     whole = post(uncapped_server, {"prompt": PROMPTS[1], "max_tokens": 1, "prompt_logprobs": -1})
     assert whole.status_code == 200, whole.text

@@ -15,10 +15,10 @@ import yaml
 
 from pagedllm.optimized import LLM
 from pagedllm.reference.model.registry import packaged_gguf, resolve_model
-from pagedllm.serving.api_server import ServerThread, build_app
+from pagedllm.serving.api_server import ServerThread
 from pagedllm.serving.default_model import default_model_dir
 
-from .conftest import MODEL
+from .conftest import MODEL, app_for
 
 TASKS = Path(__file__).parent.parent / "data" / "lm_eval"
 LL_TOL = 1e-4  # float32 logits, summed in another order than transformers'
@@ -97,7 +97,7 @@ def test_lm_eval_on_smollm2_scores_as_transformers(offline):
     if packaged_gguf(SMOLLM2, install=False) is None:
         pytest.skip("SmolLM2-135M-Instruct is not installed (make real-model)")
     folder = resolve_model(SMOLLM2)
-    with ServerThread(build_app(LLM(folder, seed=0), SMOLLM2)) as running:
+    with ServerThread(app_for(LLM(folder, seed=0), SMOLLM2)) as running:
         results = check_equal_scores(running.url, SMOLLM2, str(folder))
     print({task: {k: v for k, v in r.items() if "stderr" not in k}
            for task, r in results.items()})

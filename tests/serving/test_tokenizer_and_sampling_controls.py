@@ -19,7 +19,7 @@ def test_tokenize_and_detokenize_round_trip(server, served_llm):
     body = r.json()
     want = served_llm.tokenizer("Hello world")["input_ids"]
     assert body["tokens"] == want and body["count"] == len(want)
-    assert body["max_model_len"] == server.app.state.engine.max_model_len
+    assert body["max_model_len"] == server.app.state.engine.limits.max_model_len
     assert body["token_strs"] is None
     r = post(server, "/detokenize", {"model": MODEL, "tokens": body["tokens"]})
     assert r.status_code == 200 and r.json() == {"prompt": "Hello world"}, r.text
