@@ -104,7 +104,7 @@ class LLM:
                             bar.update(1)
         except BaseException:
             for request_id in ids:
-                if request_id in self.engine.groups:
+                if self.engine.has_request(request_id):
                     self.engine.abort_request(request_id)
             raise
         return [finished[i] for i in ids]
