@@ -92,8 +92,9 @@ class TensorParallelRunner:
         self.publish_seconds: list[float] = []  # per step: putting it in the store
         self.error: BaseException | None = None
         self.ranks = Ranks(*_start_ranks(config))
-        # Ended by shutdown(), at exit, or when the runner is collected (a dropped LLM must not
-        # keep its processes and its process group): the finalizer holds the ranks, not self.
+        # Ended by shutdown(), at exit, or when the runner is collected (a dropped
+        # LLM must not keep its processes and its process group): the finalizer
+        # holds the ranks, not self.
         self._finalizer = weakref.finalize(self, self.ranks.shutdown, True)
 
     # What the engine reads of a runner, rank 0's.
@@ -144,7 +145,8 @@ class TensorParallelRunner:
             # them all.
             self._fail(err)
             raise self.error from err
-        self.ranks.store.delete_key(_key(self.ranks.step_number - 1))  # every rank read it
+        # every rank has read it
+        self.ranks.store.delete_key(_key(self.ranks.step_number - 1))
         return logits
     # --8<-- [end:runner]
 

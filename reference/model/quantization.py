@@ -65,7 +65,6 @@ def check_quantization(scheme, group_size) -> None:
                          f"got {group_size!r}")
 
 
-# --8<-- [start:skip_matches]
 def skip_matches(entry: str, name: str) -> bool:
     """Whether the quantization_skip entry names the linear layer ``name`` (its module name,
     e.g. ``model.layers.0.mlp.down_proj``): the entry is the full name or any run of its
@@ -78,7 +77,6 @@ def skip_matches(entry: str, name: str) -> bool:
     want, parts = entry.split("."), name.split(".")
     n = len(want)
     return any(parts[i:i + n] == want for i in range(len(parts) - n + 1))
-# --8<-- [end:skip_matches]
 
 
 def linear_names(model: nn.Module) -> list[str]:

@@ -264,8 +264,9 @@ class KVCacheQuant:
     calculate_scales: bool = False
     # int4: the Hadamard matrix [head_dim, head_dim]
     rotation: torch.Tensor | None = None
-    # Tensor parallelism: an in-place max over the ranks, so that every rank calibrates from
-    # the largest |K| and |V| of all KV heads, as one rank holding them all would.
+    # Tensor parallelism: an in-place max over the ranks, so that every rank
+    # calibrates from the largest |K| and |V| of all KV heads, as one rank holding
+    # them all would.
     reduce_max: Callable[[torch.Tensor], None] | None = None
 
     @property

@@ -11,10 +11,18 @@
 """
 
 import pytest
+import torch
 from torch import nn
 
 from pagedllm.reference.engine.config import EngineArgs
-from pagedllm.reference.model.quantization import check_skip, skip_matches
+from pagedllm.reference.model.loader import load_model
+from pagedllm.reference.model.quantization import (
+    QuantizedLinear,
+    check_skip,
+    float_linears,
+    quantize_model,
+    skip_matches,
+)
 from pagedllm.reference.model.registry import packaged_gguf
 
 LAYERS = 2  # the tiny checkpoints' layers
@@ -44,6 +52,17 @@ def test_check_skip_names_the_field_and_the_layers_that_exist():
     check_skip(("lm_head", "mlp.down_proj", "down_proj"), model)
     with pytest.raises(ValueError, match=r"quantization_skip.*'down-proj'.*down_proj, lm_head"):
         check_skip(("lm_head", "down-proj"), model)
+
+
+def test_quantize_model_refuses_before_replacing_any_layer(checkpoints):
+    """quantize_model checks the entries itself (a caller without the engine's config, a
+    tensor-parallel shard whose row-parallel layers are "...o_proj.linear")."""
+    model = load_model(checkpoints["llama"], dtype=torch.float32)
+    with pytest.raises(ValueError, match="quantization_skip 'o-proj' matches no linear"):
+        quantize_model(model, "int8", skip=("o_proj", "o-proj"))
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())  # left as it was
+    quantize_model(model, "int8", skip=("self_attn.o_proj",))
+    assert float_linears(model) == [f"model.layers.{i}.self_attn.o_proj" for i in range(LAYERS)]
 
 
 # -- item 9: names that match nothing are refused; dotted names work ------------------------
