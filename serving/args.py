@@ -34,7 +34,9 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         help="int4: inputs per group, 32, 64, 128 or 256 (default 32, the "
                         "blocks of llama.cpp's Q4 formats)")
     parser.add_argument("--quantization-skip", nargs="+", default=[], metavar="LAYER",
-                        help="linear layers to leave unquantized, e.g. lm_head")
+                        help="linear layers to leave unquantized: a layer's module name or a run "
+                        "of its dot-separated parts, e.g. lm_head or mlp.down_proj (a name "
+                        "matching no layer is refused)")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                         help="ranks splitting every layer, each a process with its shard and "
                         "its KV heads (gloo on the CPU, NCCL with one GPU per rank)")
