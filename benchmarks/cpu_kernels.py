@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from pagedllm.benchmarks.linear_layout import seconds
+from pagedllm.benchmarks.progress import progress, say
 from pagedllm.optimized.cpu_ops import cpu_kernels
 from pagedllm.optimized.layers import merge_projections
 from pagedllm.optimized.quant_layers import (
@@ -88,9 +89,12 @@ def main(argv=None) -> dict:
           f"median (min-max) of {args.repeats}, and GB/s of weights read")
     print(f"{'rows':>4}  " + "  ".join(f"{name:>26}" for name in ways))
     results = {"model": str(model_dir.name), "weight_bytes": sizes, "rows": {}}
-    for rows in (int(r) for r in args.rows.split(",")):
+    all_rows = [int(r) for r in args.rows.split(",")]
+    bar = progress(None, "rows x ways", total=len(all_rows) * len(ways), unit="way")
+    for rows in all_rows:
         cells, row = [], {}
         for name, (mods, shapes) in ways.items():
+            bar.set_postfix_str(f"{rows} rows, {name}")
             xs = [torch.randn(rows, m.in_features).bfloat16() for m in shapes]
             def step(mods=mods, xs=xs):
                 return [m(x) for m, x in zip(mods, xs, strict=True)]
@@ -102,8 +106,10 @@ def main(argv=None) -> dict:
                          "gb_per_s": sizes[name] / (ms / 1e3) / 1e9}
             cells.append(f"{ms:7.2f} ({min(runs) * 1e3:.2f}-{max(runs) * 1e3:.2f}) "
                          f"{row[name]['gb_per_s']:5.1f}")
+            bar.update()
         results["rows"][rows] = row
-        print(f"{rows:>4}  " + "  ".join(f"{c:>26}" for c in cells))
+        say(f"{rows:>4}  " + "  ".join(f"{c:>26}" for c in cells))
+    bar.close()
     print("weight bytes a step: " + ", ".join(f"{n} {b / 1e6:.1f} MB" for n, b in sizes.items()))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

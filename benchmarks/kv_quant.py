@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from pagedllm.benchmarks.bench_report import write_json
+from pagedllm.benchmarks.progress import progress, say
 from pagedllm.reference.engine import EngineArgs, LLMEngine, SamplingParams
 from pagedllm.reference.engine.chat import chat_prompt
 from pagedllm.reference.engine.step_inputs import StepInputs
@@ -95,14 +96,16 @@ def window_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
 
 def perplexity(engine: LLMEngine, ids: list[int], window: int) -> float:
     nll, count = 0.0, 0
-    for start in range(0, len(ids) - 1, window):
-        chunk = ids[start:start + window + 1]
-        if len(chunk) < 2:
-            break
-        logits = window_logits(engine, chunk[:-1])  # [W, vocab]
-        targets = torch.tensor(chunk[1:])
-        nll += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
-        count += len(targets)
+    starts = range(0, len(ids) - 1, window)
+    with progress(starts, "perplexity", unit="window") as windows:
+        for start in windows:
+            chunk = ids[start:start + window + 1]
+            if len(chunk) < 2:
+                break
+            logits = window_logits(engine, chunk[:-1])  # [W, vocab]
+            targets = torch.tensor(chunk[1:])
+            nll += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+            count += len(targets)
     return math.exp(nll / count)
 
 
@@ -110,11 +113,14 @@ def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     for i, ids in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": ids}, params)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[int(out.request_id)] = out.outputs[0].token_ids
+    done, made = {}, {}
+    with progress(None, "greedy", total=len(prompts) * max_tokens, unit="token") as bar:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                made[out.request_id] = len(out.outputs[0].token_ids)  # so far
+                if out.finished:
+                    done[int(out.request_id)] = out.outputs[0].token_ids
+            bar.update(sum(made.values()) - bar.n)
     return [done[i] for i in range(len(prompts))]
 
 
@@ -148,7 +154,9 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
              for p in prompts] if tokenizer.chat_template else \
         [tokenizer.encode(p) for p in prompts]
     rows, reference = {}, None
-    for label, kv_dtype, calculate in VARIANTS:
+    variants = progress(VARIANTS, f"{name}: kv_cache_dtypes", unit="dtype")
+    for label, kv_dtype, calculate in variants:
+        variants.set_postfix_str(label)
         engine = engine_for(model_dir, model, tokenizer, kv_dtype, calculate, window)
         ppl = perplexity(engine, ids, window)  # the first window calibrates calculated scales
         outs = greedy(engine, chats, max_tokens)
@@ -156,7 +164,9 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
             reference = {"outs": outs, "logits": [window_logits(engine, c + o)[len(c) - 1:-1]
                                                   for c, o in zip(chats, outs, strict=True)]}
         diffs, agree, positions = 0.0, 0, 0
-        for c, o, want in zip(chats, reference["outs"], reference["logits"], strict=True):
+        for c, o, want in progress(zip(chats, reference["outs"], reference["logits"],
+                                       strict=True), "logits vs auto", total=len(chats),
+                                   unit="prompt"):
             got = window_logits(engine, c + o)[len(c) - 1:-1]  # [len(o), vocab]
             diffs = max(diffs, float((got - want).abs().max()))
             agree += int((got.argmax(-1) == want.argmax(-1)).sum())
@@ -177,8 +187,8 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
             "engine_tokens_in_1gib_bf16": in_gib["bfloat16"],
             "engine_tokens_in_1gib_fp32": in_gib["float32"],
         }
-        print(f"  {label:22s} ppl {ppl:8.3f}  max|dlogit| {diffs:7.3f}  top-1 "
-              f"{agree / positions:6.1%}  tokens/GiB {size.tokens_per_gib:,}", flush=True)
+        say(f"  {label:22s} ppl {ppl:8.3f}  max|dlogit| {diffs:7.3f}  top-1 "
+            f"{agree / positions:6.1%}  tokens/GiB {size.tokens_per_gib:,}")
     auto = rows["auto"]
     for row in rows.values():  # capacities as the engine sized its 1 GiB pools
         row["perplexity_change_pct"] = 100 * (row["perplexity"] / auto["perplexity"] - 1)
@@ -196,9 +206,11 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
     # Beside perplexity, how far each cache moves the model on the first window: clipped keys
     # change which tokens attention favours, whether or not the text's perplexity goes up.
     want = None
-    for label, kv_dtype, calculate in (("auto", "auto", False), ("fp8_e4m3", "fp8_e4m3", False),
-                                       ("fp8_e4m3 calculated", "fp8_e4m3", True),
-                                       ("int8", "int8", False)):
+    outliers = progress((("auto", "auto", False), ("fp8_e4m3", "fp8_e4m3", False),
+                         ("fp8_e4m3 calculated", "fp8_e4m3", True), ("int8", "int8", False)),
+                        f"{name}: outlier keys", unit="dtype")
+    for label, kv_dtype, calculate in outliers:
+        outliers.set_postfix_str(label)
         engine = engine_for(model_dir, model, tokenizer, kv_dtype, calculate, window)
         got = window_logits(engine, ids[:window])  # [W, vocab]; calibrates calculated scales
         want = got if want is None else want

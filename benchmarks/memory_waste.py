@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from pagedllm.benchmarks.bench_report import write_json
+from pagedllm.benchmarks.progress import progress
 from pagedllm.reference.kv_size import GIB, kv_size
 from pagedllm.reference.sim.simulator import simulate
 from pagedllm.reference.sim.traces import WORKLOADS, synthetic_trace
@@ -91,12 +92,13 @@ def run_trace(name: str, num_requests: int, rate: float, total_slots: int, max_l
         "published_prompt_mean": model.prompt_mean,
         "published_output_mean": model.output_mean,
     }}
-    out["figure2"] = {a: summary(simulate(trace, a, total_slots, max_len)) for a in ALLOCATORS}
+    out["figure2"] = {a: summary(simulate(trace, a, total_slots, max_len))
+                      for a in progress(ALLOCATORS, f"{name}-like: allocators", unit="run")}
     running = {a: out["figure2"][a]["mean_running"] for a in ALLOCATORS}
     out["batch_ratio"] = {f"paged_over_{a}": round(running["paged"] / running[a], 2)
                           for a in ("oracle", "max")}
     out["block_sweep"] = {}
-    for block_size in BLOCK_SIZES:
+    for block_size in progress(BLOCK_SIZES, f"{name}-like: block sizes", unit="run"):
         result = simulate(trace, "paged", total_slots, max_len, block_size=block_size)
         out["block_sweep"][str(block_size)] = summary(result)
     return out
@@ -104,7 +106,7 @@ def run_trace(name: str, num_requests: int, rate: float, total_slots: int, max_l
 
 def run_sensitivity(total_slots: int, max_len: int, seed: int, num_requests: int) -> dict:
     out = {}
-    for rate in SENSITIVITY_RATES:
+    for rate in progress(SENSITIVITY_RATES, "load sensitivity", unit="rate"):
         trace = synthetic_trace("sharegpt", num_requests, rate, seed=seed, max_len=max_len)
         out[str(rate)] = {a: summary(simulate(trace, a, total_slots, max_len, measure="all"))
                           for a in ALLOCATORS}

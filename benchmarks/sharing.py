@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from pagedllm.benchmarks.bench_report import write_json
+from pagedllm.benchmarks.progress import progress
 from pagedllm.reference.engine.beam_search import BeamSearchParams
 from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
@@ -150,10 +151,12 @@ def measure_parallel(llm: LLM, prompts: list[dict], output_lens: list[int], n: i
     # The loop LLM.generate runs, so that the meter reads the pool after every step; between
     # steps the running groups (read-only) are every request holding blocks.
     outs = {}
-    while engine.has_unfinished_requests():
-        outs.update((out.request_id, out) for out in engine.step() if out.finished)
-        meter.snapshot([(len(g.seqs[0].prompt_token_ids), table_lengths(engine.kv, g.seqs))
-                        for g in engine.scheduler.running])
+    with progress(None, f"parallel sampling n = {n}", total=len(ids), unit="request") as bar:
+        while engine.has_unfinished_requests():
+            outs.update((out.request_id, out) for out in engine.step() if out.finished)
+            meter.snapshot([(len(g.seqs[0].prompt_token_ids), table_lengths(engine.kv, g.seqs))
+                            for g in engine.scheduler.running])
+            bar.update(len(outs) - bar.n)
     for request_id, want in zip(ids, output_lens, strict=True):
         out = outs[request_id]
         assert len(out.outputs) == n and all(len(c.token_ids) == want for c in out.outputs)
@@ -171,7 +174,9 @@ def measure_beam(llm: LLM, prompts: list[dict], output_lens: list[int], width: i
             meter.snapshot([(len(seqs[0].prompt_token_ids), table_lengths(engine.kv, seqs))])
 
     llm.engine.add_step_observer(before_forward)
-    for prompt, max_tokens in zip(prompts, output_lens, strict=True):
+    for prompt, max_tokens in progress(zip(prompts, output_lens, strict=True),
+                                       f"beam search width {width}", total=len(prompts),
+                                       unit="request"):
         llm.beam_search(prompt, BeamSearchParams(beam_width=width, max_tokens=max_tokens,
                                                  ignore_eos=True))
     searching = False
@@ -221,17 +226,16 @@ def run_savings(model_dir: Path, name: str, num_requests: int, scale: float, see
         "published_means_scaled": [round(model.prompt_mean * scale, 2),
                                    round(model.output_mean * scale, 2)],
         "num_gpu_blocks": num_blocks}}
-    for mode in MODES:
-        out[mode] = {}
-        for width in WIDTHS:
-            start = time.perf_counter()
-            if mode == "parallel":
-                res = measure_parallel(llm, prompts, output_lens, width, seed)
-            else:
-                res = measure_beam(llm, prompts, output_lens, width)
-            res["paper"] = PAPER[name][mode][width]
-            res["seconds"] = round(time.perf_counter() - start, 2)
-            out[mode][str(width)] = res
+    runs = [(mode, width) for mode in MODES for width in WIDTHS]
+    for mode, width in progress(runs, f"{name}-like: sharing", unit="run"):
+        start = time.perf_counter()
+        if mode == "parallel":
+            res = measure_parallel(llm, prompts, output_lens, width, seed)
+        else:
+            res = measure_beam(llm, prompts, output_lens, width)
+        res["paper"] = PAPER[name][mode][width]
+        res["seconds"] = round(time.perf_counter() - start, 2)
+        out.setdefault(mode, {})[str(width)] = res
     stats = llm.stats()
     out["engine"] = {"preemptions": stats["preemptions_recompute"] + stats["preemptions_swap"],
                      "blocks_used_after": stats["blocks_used"],
@@ -263,7 +267,7 @@ def run_shipped_beams(name: str, num_requests: int, scale: float, seed: int) -> 
     prompts = docs_prompts(llm.tokenizer, [p for p, _ in lengths], seed)
     out = {"model": "the shipped tiny model (tiny-pydoc, trained), prompts cut from Python's "
                     "documentation", "num_requests": num_requests}
-    for width in WIDTHS:
+    for width in progress(WIDTHS, f"{name}-like: beams on the shipped model", unit="width"):
         start = time.perf_counter()
         res = measure_beam(llm, prompts, [o for _, o in lengths], width)
         res["paper"] = PAPER[name]["beam"][width]
@@ -313,7 +317,7 @@ def run_prefix_caching(model_dir: Path, system_lens: tuple[int, ...], num_reques
                        repeats: int, seed: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=PREFIX_OUTPUT_TOKENS, ignore_eos=True)
     rows = {}
-    for system_len in system_lens:
+    for system_len in progress(system_lens, "prefix caching", unit="system prompt"):
         vocab = load_config(model_dir).vocab_size
         prompts = shared_prompt_workload(system_len, num_requests, vocab, seed)
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from pagedllm import optimized, reference
+from pagedllm.benchmarks.progress import progress
 from pagedllm.serving.default_model import default_model_dir
 
 # This thread's CPU time: with one torch thread the forward runs on it too, and on a machine
@@ -138,8 +139,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = default_model_dir()
-    rows = [measure(tier, int(n), args.steps, model_dir, output_kind=args.output_kind)
-            for n in args.seqs.split(",") for tier in args.tiers.split(",")]
+    runs = [(int(n), tier) for n in args.seqs.split(",") for tier in args.tiers.split(",")]
+    rows = [measure(tier, n, args.steps, model_dir, output_kind=args.output_kind)
+            for n, tier in progress(runs, "sizes x tiers", unit="run")]
     print_table(rows)
     if args.json:
         import json

@@ -40,6 +40,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from pagedllm.benchmarks import throughput_cpu as race
 from pagedllm.benchmarks.bench_report import write_json
+from pagedllm.benchmarks.progress import progress
 from pagedllm.benchmarks.systems import BLOCK_SIZE
 from pagedllm.optimized import LLM as OptimizedLLM
 from pagedllm.optimized import OPTIMIZED_BACKEND
@@ -211,6 +212,7 @@ def run_profile(ckpt: Path, work, batch: int, max_len: int, tier: str = "referen
              "decode, part batch (queue empty)": [0, 0.0]}
     part_seqs, full_run, window, contexts, prof = 0, 0, None, [], None
     stats = llm.stats()
+    bar = progress(None, f"profile of (a), {tier} tier", total=len(work), unit="request")
     while engine.has_unfinished_requests():
         if window is None and full_run >= 3 and stats["running"] == batch:
             before = dict(timer.seconds), dict(timer.calls)
@@ -237,6 +239,9 @@ def run_profile(ckpt: Path, work, batch: int, max_len: int, tier: str = "referen
         kinds[kind][0] += 1
         kinds[kind][1] += seconds
         stats = after
+        unfinished = sum(stats.get(k, 0) for k in ("running", "waiting", "swapped"))
+        bar.update(len(work) - unfinished - bar.n)
+    bar.close()
     whole = dict(timer.seconds)
     total = whole["step"]
     print(f"\n== profile of (a), the {tier} tier, {torch.get_num_threads()} threads: the whole "

@@ -30,6 +30,7 @@ import time
 import torch
 
 from pagedllm import optimized, reference
+from pagedllm.benchmarks.progress import progress
 from pagedllm.reference.engine.structured_outputs import StructuredOutputsParams
 from pagedllm.serving.default_model import default_model_dir
 
@@ -75,7 +76,7 @@ def measure(tier_name: str, model, batch: int, trials: int, steps: int) -> dict:
     cached_ms, _ = timed(lambda: compiler.lookup(StructuredOutputsParams(json=schema(-1))))
 
     ways = {"step alone": [], "step, compile on the thread": [], "compile inline + step": []}
-    for t in range(trials):
+    for t in progress(range(trials), f"{tier_name}: trials", unit="trial"):
         ways["step alone"].append(timed(engine.step))
         spec = StructuredOutputsParams(json=schema(1000 + t))
         pending = []

@@ -66,6 +66,7 @@ import torch
 import transformers
 
 from pagedllm.benchmarks.bench_report import write_json
+from pagedllm.benchmarks.progress import progress, say
 from pagedllm.benchmarks.systems import (
     BLOCK_SIZE,
     Clock,
@@ -272,20 +273,20 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
                 names.append(key)
     total = sum(n for _, n in work)
     results, first_tokens = {}, None
-    for name in names:
-        print(f"  running {label_of(name)} ...", flush=True)
+    for name in progress(names, "systems", unit="system"):
+        say(f"  running {label_of(name)} ...")
         res, tokens = attempt(runs[name], work)
         results[name] = res
         if not res["ok"]:  # a system that cannot run here is reported, the others still run
-            print(f"    n/a: {res['error']}", flush=True)
+            say(f"    n/a: {res['error']}")
             continue
         if first_tokens is None:
             first_tokens = tokens
         res["expected_output_tokens"] = total
         res["requests_identical_to_first_system"] = sum(
             a == b for a, b in zip(tokens, first_tokens, strict=True))
-        print(f"    {res['seconds']:.1f} s ({res['cpu_seconds']:.1f} s CPU), "
-              f"{res['tokens_per_s']:.1f} output tokens/s", flush=True)
+        say(f"    {res['seconds']:.1f} s ({res['cpu_seconds']:.1f} s CPU), "
+            f"{res['tokens_per_s']:.1f} output tokens/s")
     base = results.get("hf_generate", {})
     for res in results.values():
         if res.get("ok") and base.get("ok"):
@@ -315,7 +316,7 @@ def single_sequence(ckpt: Path, work, max_len: int, precisions, bandwidth: float
         return rate * (res["weight_bytes"] / rows + context * res["kv_bytes_per_token"]) \
             / bandwidth
     out = {}
-    for precision in precisions:
+    for precision in progress(precisions, "one sequence alone", unit="precision"):
         weights = {"dtype": precision} if precision in ("float32", "bfloat16") else \
             {"quantization": precision}
         try:

@@ -34,6 +34,7 @@ from pagedllm.benchmarks.kv_quant import (
     perplexity,
     window_logits,
 )
+from pagedllm.benchmarks.progress import progress
 from pagedllm.reference.engine import EngineArgs, LLMEngine
 from pagedllm.reference.engine.chat import chat_prompt
 from pagedllm.reference.model import load_config, resolve_model
@@ -64,7 +65,9 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
              for p in prompts] if tokenizer.chat_template else \
         [tokenizer.encode(p) for p in prompts]
     rows, skipped, base = {}, {}, None
-    for label, dtype, scheme, group in SCHEMES:
+    schemes = progress(SCHEMES, f"{name}: schemes", unit="scheme")
+    for label, dtype, scheme, group in schemes:
+        schemes.set_postfix_str(label)
         try:
             engine = engine_for(model_dir, dtype, scheme, group, window)
         except ValueError as err:  # a group that does not divide a layer; gguf on a folder
@@ -78,7 +81,8 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
                                                                          strict=True)]}
         agree = positions = 0
         if base is not None:
-            for c, o, want in zip(chats, base["outs"], base["argmax"], strict=True):
+            for c, o, want in progress(zip(chats, base["outs"], base["argmax"], strict=True),
+                                       "top-1 agreement", total=len(chats), unit="prompt"):
                 got = window_logits(engine, c + o)[len(c) - 1:-1].argmax(-1)  # [len(o)]
                 agree += int((got == want).sum())
                 positions += len(o)
