@@ -5,6 +5,7 @@ computes, for logits ``[S, vocab]`` float32 and each row's parameters, in vLLM's
 
     x = logit + bias                                  # logit_bias (0 for most tokens)
     x = x / r if x > 0 else x * r                     # repetition_penalty r, seen tokens only
+                                                      # (an overflow -> +-FLOAT32_MAX: saturate)
     x = x - f * count                                 # frequency_penalty f, output count
     x = x - p * (count > 0)                           # presence_penalty p
 
@@ -28,10 +29,20 @@ import triton
 import triton.language as tl
 
 from pagedllm.kernels.runtime import interpreting, kernel_runner
-from pagedllm.reference.ops.sampling import Penalties, penalty_tensors
+from pagedllm.reference.ops.sampling import FLOAT32_MAX, Penalties, penalty_tensors
 from pagedllm.reference.ops.sampling import apply_penalties as reference_apply_penalties
 
 BLOCK = 1024  # tokens per program
+_FLOAT32_MAX = tl.constexpr(FLOAT32_MAX)  # exact in float32
+_INF = tl.constexpr(float("inf"))
+
+
+@triton.jit
+def saturate(y, x):
+    """The twin's ``saturate``: y (= x / a or x * a, a > 0) clamped to float32's range where x
+    is finite (an overflow to +-inf becomes +-FLOAT32_MAX); where x is +-inf or NaN, y as is.
+    The sampler's kernel uses it too, after its division by the temperature."""
+    return tl.where(tl.abs(x) < _INF, tl.minimum(tl.maximum(y, -_FLOAT32_MAX), _FLOAT32_MAX), y)
 
 
 # --8<-- [start:penalties_kernel]
@@ -53,7 +64,7 @@ def _penalties_kernel(
     x = x + tl.load(bias_ptr + at, mask=inside, other=0.0)
     seen = tl.load(seen_ptr + at, mask=inside, other=0) != 0
     r = tl.where(seen, tl.load(repetition_ptr + row), 1.0)
-    x = tl.where(x > 0, tl.div_rn(x, r), x * r)
+    x = saturate(tl.where(x > 0, tl.div_rn(x, r), x * r), x)
     count = tl.load(counts_ptr + at, mask=inside, other=0)
     x = x - tl.load(frequency_ptr + row) * count.to(tl.float32)
     x = x - tl.load(presence_ptr + row) * (count > 0).to(tl.float32)

@@ -5,8 +5,9 @@ for a batch of next-token logits ``[S, vocab]`` and per-row parameters: blocked 
 stop ids before ``min_tokens``) get -inf, as do the tokens a grammar forbids (structured
 outputs: their own kernel, ``token_bitmask.py``, before the penalties'); a greedy row
 (temperature below ``GREEDY_BELOW``) takes the argmax of those logits, first index on ties; any
-other row divides them by its temperature, takes the softmax in float32, keeps the tokens that
-survive top-k and top-p, renormalises in float64 and draws by the *exponential race*: token i
+other row divides them by its temperature (saturating at float32's largest number, as the
+twin does), takes the softmax in float32, keeps the tokens that survive top-k and top-p,
+renormalises in float64 and draws by the *exponential race*: token i
 wins when ``p_i / E_i`` is the largest, with ``E_i = -log U_i ~ Exp(1)``. It also reports the
 logprob of the chosen token and, when asked, the rows' top-N logprobs, from the log-softmax of
 the *raw* logits.
@@ -87,7 +88,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from pagedllm.kernels.penalties import apply_penalties
+from pagedllm.kernels.penalties import apply_penalties, saturate
 from pagedllm.kernels.runtime import interpreting, kernel_runner
 from pagedllm.kernels.token_bitmask import apply_token_bitmask
 from pagedllm.reference.ops.sampling import (
@@ -104,6 +105,7 @@ from pagedllm.reference.ops.sampling import (
 )
 from pagedllm.reference.ops.sampling import random_uniform as reference_random_uniform
 from pagedllm.reference.ops.sampling import sample as reference_sample
+from pagedllm.reference.ops.sampling import saturate as reference_saturate
 
 # The twin holds the constants as int64 wrap-arounds; the kernel works on uint64 words.
 _GAMMA = tl.constexpr(GOLDEN_GAMMA % 2**64)
@@ -193,10 +195,11 @@ def _reduce_first_argmax(best, best_index):
 @triton.jit
 def _load_scaled(row_logits, row_blocked, num_blocked, tokens, vocab, temperature):
     """A tile of the row's logits (after the penalties), blocked tokens at -inf, divided by
-    the temperature with IEEE rounding (-inf past the vocabulary)."""
+    the temperature with IEEE rounding and saturated at float32's largest number, as the twin
+    does (-inf past the vocabulary)."""
     x = tl.load(row_logits + tokens, mask=tokens < vocab, other=_NEG_INF)
     x = tl.where(_blocked(row_blocked, num_blocked, tokens), _NEG_INF, x)
-    return tl.div_rn(x, temperature)
+    return saturate(tl.div_rn(x, temperature), x)
 
 
 @triton.jit
@@ -251,7 +254,7 @@ def _sample_kernel(
     # positive temperature keeps the order, so the scaled max is the scaled blocked max.
     drawn = temperature >= _GREEDY_BELOW
     temperature = tl.where(drawn, temperature, 1.0)  # a greedy row's 0 divides nothing
-    scaled_max = tl.div_rn(blocked_max, temperature)
+    scaled_max = saturate(tl.div_rn(blocked_max, temperature), blocked_max)
     topk_bound = tl.load(topk_bound_ptr + row)
     raw_sum = tl.zeros([BLOCK], tl.float32)
     scaled_sum = tl.zeros([BLOCK], tl.float32)
@@ -354,7 +357,8 @@ def _cut_bounds(logits: torch.Tensor,
         return topk_bound, keep_from
     rows = cuts.nonzero()[:, 0]  # [R]
     blocked = _blocked_mask(md.blocked_token_ids[rows], vocab)  # [R, vocab]
-    scaled = logits[rows].masked_fill(blocked, float("-inf")) / md.temperature[rows][:, None]
+    masked = logits[rows].masked_fill(blocked, float("-inf"))  # [R, vocab]
+    scaled = reference_saturate(masked / md.temperature[rows][:, None], masked)
     # [R, vocab] float64, the twin's rule
     probs = _cut(scaled, md.top_k[rows], md.top_p[rows], min_p[rows])
     keep_from[rows] = torch.where(probs > 0, scaled, float("inf")).amin(dim=-1)

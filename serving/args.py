@@ -87,7 +87,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="engine replicas, each a process with the whole model (or its "
                         "--tensor-parallel-size ranks) and its own KV pool, behind this one "
                         "server; each request goes to the least-loaded replica")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the engine's seed for requests that bring none (with "
+                        "--data-parallel-size, replica i derives its own from it)")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="larger request bodies get 413")
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,

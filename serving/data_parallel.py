@@ -29,6 +29,15 @@ on their way in), ties to the one with the most free KV blocks. The count, not t
 first: blocks are known only after a step, so a burst arriving between two steps would all see
 the same free blocks and land on one replica, while the count moves with every request.
 
+Seeds: every replica's engine draws a seed for each request that has none from its own seed
+stream (``random.Random(seed)``), so replicas built with the same ``--seed`` would hand the
+same seeds out, in the same order, and identical unseeded requests would come out identical on
+each replica. Replica i's engine seed is therefore ``replica_seed(--seed, i)``: replica 0 keeps
+``--seed`` (one replica behaves as the server without replicas), replica i > 0 takes the i-th
+output of SplitMix64 seeded with ``--seed`` — plain integer arithmetic modulo 2**64, the same in
+every process and on every run (unlike ``hash``). A request's own seed is never changed: a
+seeded request gives the same tokens whichever replica serves it.
+
 Faults: a replica that cannot load sends its error back, and the front end raises it (a
 ValueError stays a ValueError, so ``pagedllm serve`` prints the one line it prints without
 replicas); one that dies while loading is named with its exit code. A replica whose process
@@ -128,6 +137,33 @@ def replica_devices(device: str, gpus: list[str], size: int, tensor_parallel_siz
                          "--device cpu")
     per = tensor_parallel_size
     return device, [",".join(gpus[i * per:(i + 1) * per]) for i in range(size)]
+
+
+# SplitMix64 (Steele, Lea and Flood 2014), as in reference/ops/sampling.py's random numbers.
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+_MASK64 = 2**64 - 1
+
+
+def replica_seed(seed, index: int):
+    """Replica ``index``'s engine seed, from the server's ``--seed``: ``seed`` itself for replica
+    0, else the ``index``-th output of SplitMix64 seeded with ``seed`` (an int in [0, 2**64),
+    the range the engine accepts). A seed the engine would refuse (not an int in that range) is
+    passed on as it is, for the engine to refuse with its usual message.
+
+        replica_seed(0, 1) == 0xE220A8397B1DCDAF   # SplitMix64's first output from 0
+    """
+    if index == 0 or isinstance(seed, bool) or not isinstance(seed, int) \
+            or not 0 <= seed <= _MASK64:
+        return seed
+    z = (seed + index * _GOLDEN_GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def replica_args(args: argparse.Namespace, index: int) -> argparse.Namespace:
+    """The flags replica ``index`` loads its engine with: the server's, with its own seed."""
+    return argparse.Namespace(**{**vars(args), "seed": replica_seed(args.seed, index)})
 
 
 def visible_gpus() -> list[str]:
@@ -339,7 +375,9 @@ class DataParallelLLM:
         starting = []
         for index in range(size):
             parent, child = ctx.Pipe()
-            process = ctx.Process(target=_replica_main, args=(args, index, gpus[index], child),
+            # Its own engine seed: unseeded requests must not get the other replicas' seeds.
+            process = ctx.Process(target=_replica_main,
+                                  args=(replica_args(args, index), index, gpus[index], child),
                                   name=f"pagedllm-replica-{index}", daemon=False)
             process.start()
             child.close()

@@ -9,7 +9,9 @@ every token seen in the prompt or the output, frequency_penalty subtracts once p
 was generated and presence_penalty once if it was. A greedy row (temperature below 1e-5) takes
 the argmax. Any other row divides its logits by the temperature, drops the tokens less likely
 than min_p times the most likely one, keeps its top_k largest, takes the softmax, keeps the
-top_p head of that distribution, renormalises and draws.
+top_p head of that distribution, renormalises and draws. A division or product that would
+overflow float32 (a tiny repetition_penalty, then a small temperature) saturates at float32's
+largest number instead of becoming inf (``saturate``), so no row's softmax is ever NaN.
 
 **The exponential race.** To draw token i with probability p_i, give every token an independent
 E_i ~ Exp(1) and take argmax_i p_i / E_i. Each token "arrives" after a time E_i / p_i, an
@@ -38,6 +40,11 @@ GREEDY_BELOW = 1e-5  # a temperature below this means greedy, as in vLLM
 # cut every token, so the sampler raises it to that, keeping the most likely token).
 FLOAT32_MAX = torch.finfo(torch.float32).max  # 3.4028234663852886e38
 TINIEST_TOP_P = torch.finfo(torch.float32).tiny  # float32's smallest normal number, 1.18e-38
+# repetition_penalty may be any positive number (vLLM's range), but in float32 one below ~7e-46
+# is 0 (a blocked token's -inf times 0 is NaN) and one below 1.18e-38 is subnormal (which a GPU
+# may flush to 0): the sampler raises it to float32's smallest normal number. At that size every
+# seen token's positive logit lands at FLOAT32_MAX anyway (see saturate).
+TINIEST_REPETITION_PENALTY = torch.finfo(torch.float32).tiny
 
 
 def _int64(x: int) -> int:
@@ -94,6 +101,20 @@ def random_uniform(streams: torch.Tensor, positions: torch.Tensor,
     x = _mix64(b[:, None] + (tokens[None, :] + 1) * GOLDEN_GAMMA)  # [S, vocab]
     return (_shift_right(x, 12).double() + 0.5) * 2.0**-52  # [S, vocab]
 # --8<-- [end:random]
+
+
+def saturate(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """y = x / a or x * a (a > 0) -> y with an overflow brought back into float32's range:
+    where x is finite, y is clamped to [-FLOAT32_MAX, FLOAT32_MAX]; where x is -inf (a
+    blocked token) y stays -inf.
+
+    A tiny repetition_penalty divides a positive logit past float32's largest number, and a
+    small temperature then divides the penalised logit again: +inf there would make the
+    softmax inf - inf = NaN, and the draw's argmax token 0. Saturated, the token is simply as
+    likely as float32 can say (tied with any other saturated token); the order of every
+    finite value is kept.
+    """
+    return torch.where(torch.isfinite(x), y.clamp(-FLOAT32_MAX, FLOAT32_MAX), y)
 
 
 @dataclass
@@ -209,7 +230,8 @@ class Penalties:
         # A row without a repetition penalty needs no prompt, nor one without any penalty
         # its output: they are left out rather than copied every step.
         return cls(
-            repetition=per_row([row.repetition_penalty for row in rows]),
+            repetition=per_row([max(row.repetition_penalty, TINIEST_REPETITION_PENALTY)
+                                for row in rows]),
             presence=per_row([row.presence_penalty for row in rows]),
             frequency=per_row([row.frequency_penalty for row in rows]),
             prompt_token_ids=_padded([row.prompt_token_ids
@@ -296,7 +318,9 @@ def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     - logit_bias adds its value to its tokens' logits (-100 all but bans a token);
     - repetition_penalty r (vLLM's, from the CTRL paper) touches every token seen in
       the prompt or the output: a positive logit is divided by r, a negative one
-      multiplied by r, so r > 1 makes a seen token less likely either way;
+      multiplied by r, so r > 1 makes a seen token less likely either way; a quotient or
+      product past float32's range saturates at its largest number (``saturate``: a
+      tiny r must not make +inf, and the softmax NaN);
     - frequency_penalty f and presence_penalty p (OpenAI's) look at the output only:
       logit - f * (times generated) - p * (generated at all).
     """
@@ -304,7 +328,7 @@ def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     bias, seen, output_counts = penalty_tensors(penalties, vocab)  # [S, vocab] each
     logits = logits + bias
     r = torch.where(seen, penalties.repetition[:, None], 1.0)  # [S, vocab]
-    logits = torch.where(logits > 0, logits / r, logits * r)
+    logits = saturate(torch.where(logits > 0, logits / r, logits * r), logits)
     logits = logits - penalties.frequency[:, None] * output_counts
     return logits - penalties.presence[:, None] * (output_counts > 0)
 # --8<-- [end:penalties]
@@ -412,7 +436,9 @@ def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
     drawn = (~greedy).nonzero()[:, 0]  # [D] the rows that draw
     if drawn.numel():
         md = metadata
-        scaled = logits[drawn] / md.temperature[drawn][:, None]  # [D, vocab]
+        # [D, vocab]; saturated: penalised logits near float32's largest must not become
+        # inf when a small temperature divides them
+        scaled = saturate(logits[drawn] / md.temperature[drawn][:, None], logits[drawn])
         probs = _top_k_top_p(scaled, md.top_k[drawn], md.top_p[drawn],
                              _min_ps(md)[drawn])  # [D, vocab]
         # The exponential race: token i wins with probability p_i.
