@@ -15,9 +15,10 @@ Endpoints (OpenAI's shapes, so the official ``openai`` client works unchanged):
 
 The path of one request, one module per job. The gate (``gate``) refuses a missing API key
 (401) or a body over the limit (413) before any route runs. The route reads the body and maps
-it (``request_mapping``: a 400 naming the field) to SamplingParams and engine prompts, and hands
-them to the engine thread (``AsyncLLMEngine.add_request``), which refuses them (400) or queues
-them. Then the response (``responses``) runs two tasks side by side: one reads the request's
+it (``request_mapping``: a 400 naming the field; a structured output's grammar is built on a
+worker thread, never on the event loop) to SamplingParams and engine prompts, and hands them to
+the engine thread (``AsyncLLMEngine.add_request``), which refuses them (400) or queues them.
+Then the response (``responses``) runs two tasks side by side: one reads the request's
 outputs as the steps produce them and sends them (every step's new text as one event when
 streaming, or one JSON body at the end), the other waits for the client to disconnect.
 Whichever ends first ends both, and the request is aborted: the engine frees its blocks at the
@@ -110,16 +111,17 @@ def build_app(engine: ServingEngine, served_model_name: str = "pagedllm", *,
         run = RequestRun(ids, outputs, req.params, response_id, served_model_name,
                          engine.tokenizer, chat=req.chat, logprobs=req.logprobs,
                          include_usage=req.include_usage, echo=req.echo,
-                         generates=req.generates, prompt_logprobs=req.prompt_logprobs)
+                         generates=req.generates, prompt_logprobs=req.prompt_logprobs,
+                         structured_field=req.structured_field)
         return EngineResponse(engine, run, stream=req.stream, timeout=request_timeout)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await answer(mapper.completion(await read_json(request)))
+        return await answer(await mapper.completion(await read_json(request)))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await answer(mapper.chat(await read_json(request)))
+        return await answer(await mapper.chat(await read_json(request)))
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

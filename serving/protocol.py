@@ -34,8 +34,17 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"),
-                      "param": param, "code": status}}
+    """Every error answer's body. Its text may quote the request, and JSON can spell a lone
+    UTF-16 surrogate (\\ud800) that no UTF-8 body can hold (the response failed, a 500): such a
+    character is written as its escape, here, the one place error bodies are built."""
+    return {"error": {"message": _encodable(message),
+                      "type": ERROR_TYPES.get(status, "api_error"),
+                      "param": None if param is None else _encodable(param), "code": status}}
+
+
+def _encodable(text: str) -> str:
+    """text with each character UTF-8 cannot encode (a lone surrogate) as its \\uXXXX escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class StreamOptions(BaseModel):

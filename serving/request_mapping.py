@@ -3,15 +3,19 @@
 ``RequestMapper.completion`` and ``RequestMapper.chat`` parse a decoded body (``protocol``: a
 400 naming the first bad field), check the model name (404) and what SamplingParams does not
 (text no tokenizer can encode), and return an ``EngineRequest``: the prompts, their
-SamplingParams, and what shaping the answer needs to know of the request. The sampling values'
-limits are SamplingParams' alone (float32's range included): serving maps its refusal, it does
-not check them again.
+SamplingParams, and what shaping the answer needs to know of the request. They are coroutines
+for one step: a structured output's params are made on a worker thread, as converting a big
+JSON schema to a grammar can take seconds that the event loop (/health, every other client)
+must not wait. The sampling values' limits are SamplingParams' alone (float32's range
+included): serving maps its refusal, it does not check them again.
 
 ``refusal`` turns a refusal by SamplingParams or by the engine's ``add_request`` into a 400
 naming the request's field. Both raise the typed errors of ``reference/engine/validation.py``,
 which carry the field they are about, so no message is read for it.
 """
 
+import asyncio
+import re
 from dataclasses import dataclass
 
 from pagedllm.reference.engine.chat import chat_prompt
@@ -42,6 +46,7 @@ class EngineRequest:
     echo: bool = False  # completions: the prompt comes back before the completion
     generates: bool = True  # False: max_tokens 0 with echo, the prompt is only scored
     prompt_logprobs: int | None = None  # vLLM's field: the answer's prompt_logprobs, top k
+    structured_field: str | None = None  # the request's field for its structured output
 
 
 def refusal(err: Exception, prompt_field: str) -> APIError:
@@ -92,8 +97,8 @@ class RequestMapper:
                                 "start the server with --max-logprobs -1", "prompt_logprobs")
         return self.vocab_size if k == -1 else k
 
-    def _params(self, req, max_tokens: int | None, logprobs: int | None,
-                prompt_field: str, prompt_logprobs: int | None = None) -> SamplingParams:
+    async def _params(self, req, max_tokens: int | None, logprobs: int | None,
+                      prompt_field: str, prompt_logprobs: int | None = None) -> SamplingParams:
         """OpenAI's fields -> SamplingParams, whose own checks name the field (400).
 
         Values are passed as they came: SamplingParams refuses what the sampler cannot run (a
@@ -103,8 +108,10 @@ class RequestMapper:
         top_k = -1 if req.top_k == 0 else req.top_k
         logit_bias = _logit_bias(req.logit_bias)
         structured = structured_outputs_spec(req)  # (spec's keywords, its field) or None
+        # off the loop: the grammar is built (and kept for the compile thread) here
+        spec = None if structured is None else await asyncio.to_thread(
+            _structured_outputs, *structured)
         try:
-            spec = None if structured is None else _structured_outputs(*structured)
             return SamplingParams(
                 n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=top_k, seed=req.seed,
                 max_tokens=max_tokens if max_tokens is not None else self.max_model_len,
@@ -118,7 +125,7 @@ class RequestMapper:
             raise refusal(err, prompt_field) from None
 
     # -- /v1/completions -----------------------------------------------------------------------
-    def completion(self, data) -> EngineRequest:
+    async def completion(self, data) -> EngineRequest:
         req = parse_request(CompletionRequest, data)
         self._check_model(req.model)
         # echo with logprobs: the prompt's tokens' logprobs too (vLLM: prompt_logprobs =
@@ -133,8 +140,8 @@ class RequestMapper:
         # the engine's k covers both echo's (logprobs) and prompt_logprobs' own
         prompt_k = self._prompt_logprobs(req)
         wanted = [k for k in (prompt_k, req.logprobs if req.echo else None) if k is not None]
-        params = self._params(req, max_tokens, req.logprobs, "prompt",
-                              prompt_logprobs=max(wanted) if wanted else None)
+        params = await self._params(req, max_tokens, req.logprobs, "prompt",
+                                    prompt_logprobs=max(wanted) if wanted else None)
         prompt = req.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompts = [prompt]
@@ -148,10 +155,11 @@ class RequestMapper:
         prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
         return EngineRequest(prompts, params, "prompt", chat=False, logprobs=req.logprobs,
                              include_usage=_include_usage(req), stream=req.stream,
-                             echo=req.echo, generates=generates, prompt_logprobs=prompt_k)
+                             echo=req.echo, generates=generates, prompt_logprobs=prompt_k,
+                             structured_field=_structured_field(req))
 
     # -- /v1/chat/completions ------------------------------------------------------------------
-    def chat(self, data) -> EngineRequest:
+    async def chat(self, data) -> EngineRequest:
         req = parse_request(ChatCompletionRequest, data)
         self._check_model(req.model)
         if req.echo:
@@ -176,10 +184,11 @@ class RequestMapper:
         if max_tokens is None:  # as many as the context leaves
             max_tokens = max(1, self.max_model_len - len(prompt["prompt_token_ids"]))
         prompt_k = self._prompt_logprobs(req)
-        params = self._params(req, max_tokens, logprobs, "messages", prompt_logprobs=prompt_k)
+        params = await self._params(req, max_tokens, logprobs, "messages",
+                                    prompt_logprobs=prompt_k)
         return EngineRequest([prompt], params, "messages", chat=True, logprobs=logprobs,
                              include_usage=_include_usage(req), stream=req.stream,
-                             prompt_logprobs=prompt_k)
+                             prompt_logprobs=prompt_k, structured_field=_structured_field(req))
 
 
 def _structured_outputs(kwargs: dict, param: str) -> StructuredOutputsParams:
@@ -194,14 +203,27 @@ def _structured_outputs(kwargs: dict, param: str) -> StructuredOutputsParams:
         raise APIError(400, message, param) from None
 
 
+def _structured_field(req) -> str | None:
+    """The request's field for its structured output, as an error names it (the spec is
+    already known to be well formed)."""
+    structured = structured_outputs_spec(req)
+    return None if structured is None else structured[1]
+
+
+# ASCII digits, at most 20 (past int64 either way): str.isdigit() passes "²" and "①", which
+# int() refuses, and int() reads "٣" as 3 and refuses 4300 digits or more.
+_TOKEN_ID = re.compile(r"-?[0-9]{1,20}")
+
+
 def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's logit_bias keys are token ids written as strings (JSON keys are strings):
-    {"50256": -100} -> {50256: -100.0}; SamplingParams and the engine check the rest."""
+    {"50256": -100} -> {50256: -100.0}; SamplingParams and the engine check the rest (ids
+    >= 0 and in the vocabulary, finite values in [-100, 100])."""
     if not logit_bias:
         return None
     ids = {}
     for key, value in logit_bias.items():
-        if not key.strip().lstrip("-").isdigit():
+        if not _TOKEN_ID.fullmatch(key.strip()):
             raise APIError(400, f"logit_bias keys must be token ids (integers written as "
                                 f"strings), got {key!r:.40}", "logit_bias")
         ids[int(key)] = value

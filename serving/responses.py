@@ -9,6 +9,9 @@ logprob None: nothing predicts it), as vLLM answers; with ``max_tokens: 0`` the 
 vLLM's ``prompt_logprobs: k`` adds its own layout, on each completion choice (on the chat
 answer itself): per prompt token None (the first) or ``{"id": {"logprob", "rank",
 "decoded_token"}}`` for the token and the k most likely.
+A completion the engine ended with finish_reason "error" (its grammar allowed no token) ends
+the answer as an error naming the request's structured-output field: a 400, or a stream's last
+event; the text the grammar refused is never answered as "stop".
 ``EngineResponse`` is the ASGI response that sends them while it watches the connection: a
 client that hangs up, or a request past its time limit, is aborted in the engine.
 """
@@ -22,7 +25,7 @@ from fastapi.responses import Response
 from pagedllm.reference.engine.sampling_params import SamplingParams
 
 from .async_engine import EngineStepError, ServingEngine
-from .protocol import error_body, now, usage
+from .protocol import APIError, error_body, now, usage
 
 
 class RequestRun:
@@ -31,10 +34,12 @@ class RequestRun:
     def __init__(self, ids: list[str], outputs: asyncio.Queue, params: SamplingParams,
                  response_id: str, model_name: str, tokenizer, *, chat: bool,
                  logprobs: int | None, include_usage: bool, echo: bool = False,
-                 generates: bool = True, prompt_logprobs: int | None = None):
+                 generates: bool = True, prompt_logprobs: int | None = None,
+                 structured_field: str | None = None):
         self.ids, self.outputs, self.params = ids, outputs, params
+        self.structured_field = structured_field  # the request's name for its grammar
         self.echo, self.generates, self.prompt_k = echo, generates, prompt_logprobs
-        self.echoed: dict[int, int] = {}  # streams: choice -> its prompt's text length, sent
+        self.echoed: set[int] = set()  # streams: the choices whose prompt was sent
         self.id, self.model_name, self.tokenizer = response_id, model_name, tokenizer
         self.chat, self.logprobs, self.include_usage = chat, logprobs, include_usage
         self.created = now()
@@ -45,6 +50,9 @@ class RequestRun:
         self.holdback = max((len(s) for s in params.stop_strings), default=1) - 1
         self.sent_text: dict[int, int] = {}
         self.sent_tokens: dict[int, int] = {}
+        # the text_offset of each choice's next token: the tokens' own text, as the whole
+        # answer counts it, not the characters sent (the holdback keeps those behind)
+        self.next_offset: dict[int, int] = {}
         self.final: dict[str, object] = {}
 
     async def outputs_until_done(self, deadline: float | None):
@@ -59,7 +67,20 @@ class RequestRun:
             if item.finished:
                 self.unfinished.discard(item.request_id)
                 self.final[item.request_id] = item
+            failed = next((c for c in item.outputs if c.finish_reason == "error"), None)
+            if failed is not None:
+                raise self._unsatisfied(failed)
             yield item
+
+    def _unsatisfied(self, completion) -> APIError:
+        """A completion the engine ended with finish_reason "error": its grammar allowed no
+        token (a dead end, or nothing of this vocabulary at the start). The constraint is the
+        request's, so a 400 naming its field; never "stop" for text the grammar refused."""
+        if self.structured_field is None:  # no grammar: nothing else ends a request so
+            return APIError(500, "the engine ended the request with an error")
+        return APIError(400, f"{self.structured_field} cannot be satisfied: no token of the "
+                             f"model's vocabulary may follow the output so far "
+                             f"({completion.text!r:.80})", self.structured_field)
 
     def _index(self, out, completion) -> int:
         return self.ids.index(out.request_id) * self.params.n + completion.index
@@ -181,7 +202,7 @@ class RequestRun:
             if not self.generates:  # max_tokens 0: the prompt alone, once it is scored
                 if done and index not in self.echoed:
                     prompt, before = self._echo(out)
-                    self.echoed[index] = len(prompt)
+                    self.echoed.add(index)
                     chunks.append(self._chunk([{
                         "index": index, "text": prompt, "finish_reason": "length",
                         "logprobs": self._logprobs(c, 0, before=before)}]))
@@ -190,7 +211,7 @@ class RequestRun:
             echo_now = self.echo and index not in self.echoed and bool(c.token_ids or done)
             if echo_now:  # the prefill is done: the prompt goes out first
                 prompt, before = self._echo(out)
-                self.echoed[index] = len(prompt)
+                self.echoed.add(index)
             end = len(c.text) if done else max(sent, len(c.text) - self.holdback)
             delta = c.text[sent:end]
             new_tokens = len(c.token_ids) > sent_tokens
@@ -198,10 +219,13 @@ class RequestRun:
                 continue
             if done and index in self.sent_text and self.sent_text[index] < 0:
                 continue  # its last chunk went out already
-            # text offsets count the echoed prompt's text, sent in this choice's first chunk
-            offset = sent + (0 if echo_now else self.echoed.get(index, 0))
+            # text offsets count the echoed prompt's tokens, sent in this choice's first chunk
+            offset = 0 if echo_now else self.next_offset.get(index, 0)
             logprobs = (self._logprobs(c, sent_tokens, offset, before=before)
                         if new_tokens or echo_now else None)
+            if logprobs is not None and logprobs.get("tokens"):  # chat's have no offsets
+                self.next_offset[index] = (logprobs["text_offset"][-1]
+                                           + len(logprobs["tokens"][-1]))
             self.sent_text[index] = -1 if done else end
             self.sent_tokens[index] = len(c.token_ids)
             choice = {"index": index, "logprobs": logprobs,
@@ -293,6 +317,8 @@ class EngineResponse(Response):
                 status, body = 408, self._timed_out()
             except EngineStepError as err:
                 status, body = 500, error_body(500, str(err))
+            except APIError as err:  # a constraint nothing satisfies
+                status, body = err.status, err.body()
             self.status = status
             await send_json(send, status, body)
             return
@@ -316,6 +342,8 @@ class EngineResponse(Response):
             await emit([_event(self._timed_out())])
         except EngineStepError as err:
             await emit([_event(error_body(500, str(err)))])
+        except APIError as err:
+            await emit([_event(err.body())])
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
                     "more_body": False})
 

@@ -4,7 +4,9 @@ reproducible; n > 1 forks and preemption by recompute keep each sequence's match
 schema that cannot finish within max_tokens ends with "length"; malformed specs are refused
 by name, leaving the engine and its other requests as they were."""
 
+import copy
 import json
+import pickle
 import re
 import threading
 
@@ -13,6 +15,7 @@ import pytest
 
 from pagedllm import optimized, reference
 from pagedllm.reference.engine.structured_outputs import StructuredOutputsParams as Spec
+from pagedllm.reference.engine.structured_outputs import params as so_params
 from pagedllm.reference.engine.validation import FieldValueError
 from pagedllm.serving.default_model import default_model_dir
 
@@ -274,3 +277,80 @@ def test_a_failed_compile_ends_only_its_request(tier, llm):
         tier, llm, None, prompts=PROMPTS[:1], temperature=0.0, max_tokens=6,
         ignore_eos=True)[0].token_ids
     assert engine.stats()["blocks_used"] == 0 and not engine.has_unfinished_requests()
+
+
+# -- issue 38: what nothing satisfies, schemas past the limits, one conversion ----------------
+def nested_arrays(levels: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"regex": r"[^\s\S]"}, "nothing can satisfy structured_outputs.regex"),
+    ({"grammar": 'root ::= root "a"'}, "nothing can satisfy structured_outputs.grammar"),
+    ({"grammar": 'root ::= x\nx ::= x "b" | root'}, "nothing can satisfy"),
+    ({"json": nested_arrays(so_params.MAX_SCHEMA_DEPTH)},
+     f"a schema may nest at most {so_params.MAX_SCHEMA_DEPTH}"),
+    ({"json": "[" * 100_000}, "nested too deep"),
+    ({"json": {"anyOf": [{"$ref": "#/$defs/a"}] * (so_params.MAX_SCHEMA_REFS + 1),
+               "$defs": {"a": {"type": "integer"}}}},
+     f"at most {so_params.MAX_SCHEMA_REFS}"),
+], ids=["empty-class", "left-recursive", "mutually-left-recursive", "deep-schema",
+        "deep-schema-text", "too-many-refs"])
+def test_specs_nothing_satisfies_or_past_the_limits_are_refused(kwargs, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)) as err:
+        Spec(**kwargs)
+    assert err.value.field == "structured_outputs"
+
+
+def test_the_limits_themselves_and_a_spec_that_only_allows_empty_text_are_accepted():
+    Spec(json=nested_arrays(so_params.MAX_SCHEMA_DEPTH - 1))  # the string leaf: one more
+    Spec(json={"anyOf": [{"$ref": "#/$defs/a"}] * so_params.MAX_SCHEMA_REFS,
+               "$defs": {"a": {"type": "integer"}}})
+    Spec(grammar='root ::= ""')  # the empty text satisfies it: EOS may come first
+
+
+def test_a_grammar_no_token_of_the_vocabulary_can_start_fails_its_compile():
+    """The params check the grammar against the 256 bytes; a vocabulary without byte fallback
+    may still have no token the grammar allows first: the compile refuses it by name (its
+    request then ends with finish_reason "error", which a server answers as a 400)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from pagedllm.reference.engine.structured_outputs.grammar import GrammarCache
+
+    words = Tokenizer(models.WordLevel({"a": 0, "b": 1, "</s>": 2}, unk_token="</s>"))
+    cache = GrammarCache(PreTrainedTokenizerFast(tokenizer_object=words, eos_token="</s>"),
+                         vocab_size=3, eos_token_id=2)
+    assert cache.get(Spec(regex="a+b")) is not None
+    with pytest.raises(FieldValueError, match="no token of its vocabulary") as err:
+        cache.get(Spec(regex="c+"))
+    assert err.value.field == "structured_outputs" and cache.compiles == 1
+
+
+def test_the_grammar_made_with_the_params_is_the_one_compiled(tier, llm, monkeypatch):
+    """The schema is converted once, when the params are made (a server makes them off its
+    event loop): the compile thread compiles that Grammar and does not convert again."""
+    xgr = so_params.load_xgrammar()
+    calls, original = [], xgr.Grammar.from_json_schema
+
+    def counted(schema, *args, **kwargs):
+        calls.append(schema)
+        return original(schema, *args, **kwargs)
+
+    monkeypatch.setattr(xgr.Grammar, "from_json_schema", staticmethod(counted))
+    spec = Spec(json={"type": "string", "maxLength": 3, "description": tier.__name__})
+    assert spec.to_grammar() is spec.to_grammar()
+    out = generate(tier, llm, spec, prompts=PROMPTS[:1], max_tokens=8)[0]
+    assert out.finish_reason == "stop" and len(calls) == 1
+
+
+def test_the_params_pickle_and_copy_without_their_grammar():
+    """A data-parallel replica gets the params pickled; xgrammar's Grammar does not pickle,
+    so it stays behind and the copy converts again when it is compiled."""
+    spec = Spec(json=PERSON)
+    for copied in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec), copy.copy(spec)):
+        assert copied == spec and copied.key == spec.key
+        assert str(copied.to_grammar()) == str(spec.to_grammar())

@@ -5,7 +5,8 @@ A request names one constraint in ``StructuredOutputsParams``: a JSON schema (``
 JSON object (``json_object``), a regular expression (``regex``), one of a list of strings
 (``choice``) or an EBNF grammar (``grammar``). Each becomes an xgrammar ``Grammar`` (a choice is
 the alternation ``root ::= "a" | "b"``), which is checked when the params are made, so a
-malformed one is refused at the door with xgrammar's reason.
+malformed one is refused at the door with xgrammar's reason, as is one nothing satisfies or a
+schema past the stated limits (``params.py``); the Grammar is kept for the compile.
 
 The engine compiles the grammar once against the tokenizer's vocabulary (``GrammarCache``:
 which tokens can follow which parser states, precomputed), keyed by the spec, so a repeated

@@ -11,7 +11,13 @@ import torch
 from ...ops.sampling import ONE_BIT
 from ..sequence import SequenceStatus
 from ..validation import FieldValueError
-from .params import FIELD, StructuredOutputsParams, load_xgrammar, xgrammar_reason
+from .params import (
+    FIELD,
+    StructuredOutputsParams,
+    allows_any_token,
+    load_xgrammar,
+    xgrammar_reason,
+)
 
 
 class GrammarCache:
@@ -53,6 +59,11 @@ class GrammarCache:
         except RuntimeError as err:
             raise FieldValueError(FIELD, f"{FIELD}.{spec.kind} could not be compiled: "
                                   f"{xgrammar_reason(err)}") from None
+        # The params refused a grammar that allows no byte; this vocabulary may still lack
+        # every token it allows first (a tokenizer without byte fallback).
+        if not allows_any_token(compiled, self.vocab_size):
+            raise FieldValueError(FIELD, f"nothing can satisfy {FIELD}.{spec.kind} with this "
+                                  "model: no token of its vocabulary may start the output")
         with self._lock:
             self.compiles += 1
             self.compiled[spec.key] = compiled
