@@ -9,11 +9,13 @@ from .sequence import Sequence, SequenceGroup, SequenceStatus, next_seq_id
 
 
 # --8<-- [start:beam_step]
-def beam_step(group: SequenceGroup, logprobs: torch.Tensor, kv,
+def beam_step(group: SequenceGroup, logits: torch.Tensor, kv,
               eos_token_id: int | None, max_model_len: int) -> None:
-    """Every beam has its next-token logprobs [beams, vocab]: keep the best beam_width
-    (beam, token) pairs; each survivor forks its parent, the old beams are freed."""
+    """Every beam has its next-token logits [beams, vocab]: keep the best beam_width
+    (beam, token) pairs by log-probability; each survivor forks its parent, the old
+    beams are freed."""
     params: BeamSearchParams = group.sampling_params
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [beams, vocab]
     beams = group.unfinished_seqs()
     assert len(beams) == logprobs.shape[0], (
         "every beam of a group runs in the same step")

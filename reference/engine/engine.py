@@ -159,11 +159,12 @@ class LLMEngine:
         self.grammars.add(group, grammar, self.scheduler)
 
     def abort_request(self, request_id: str) -> None:
-        group = self.groups.pop(request_id, None)
+        group = self.groups.get(request_id)
         if group is None:
             raise ValueError(f"no request with id {request_id!r} is in the engine")
         self.grammars.remove(group)
         self.scheduler.abort(group)
+        del self.groups[request_id]  # only once its memory is back: else it can be retried
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.grammars)
@@ -208,6 +209,8 @@ class LLMEngine:
                 touched = self.scheduler.update_from_output(sched, ModelRunnerOutput(
                     sampled, logits, inputs.rows, inputs.prompt_rows))
         except BaseException:
+            for group in failed:  # finished before the step: nothing of theirs to free
+                self.groups.pop(group.request_id, None)
             self._fail_step(sched)
             raise
         outputs = [self.output_processor.make_output(g) for g in touched + failed
@@ -227,8 +230,13 @@ class LLMEngine:
         else:
             groups = self.scheduler.groups_holding_memory()
         for group in dict.fromkeys(groups):
-            if self.groups.pop(group.request_id, None) is not None:  # else finished already
+            if group.request_id not in self.groups:
+                continue  # finished and removed already
+            try:
                 self.scheduler.abort(group, reason="error")
+            except Exception:  # noqa: BLE001 - the step's own error goes on; free the others
+                continue  # kept by id, so that abort_request can free it later
+            del self.groups[group.request_id]
 
     def stats(self) -> dict:
         c = self.scheduler.counters

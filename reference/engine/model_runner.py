@@ -1,7 +1,8 @@
 """The model runner: the seam between the engine and model execution (vLLM's GPUModelRunner).
 
-The engine schedules, keeps the KV bookkeeping, builds each step's ``StepInputs``, samples and
-updates. The runner holds the model and the KV tensors and runs it: it says what its layers
+The engine orders the step: the scheduler schedules and, after the forward, updates
+(``Scheduler.update_from_output``); ``prepare_inputs`` builds each step's ``StepInputs``. The
+runner holds the model and the KV tensors and runs it: it says what its layers
 cache (``get_kv_cache_spec``), allocates the pool the engine sized (``initialize_kv_cache``),
 carries out the step's block moves (``move_blocks``) and runs the forward
 (``execute(step_inputs) -> logits``). This is the

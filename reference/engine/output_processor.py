@@ -6,7 +6,6 @@ one place a step's results change the requests); the engine calls ``make_output`
 requests a step touched.
 """
 
-from .beam_search import BeamSearchParams
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestOutput
 from .sequence import Sequence, SequenceGroup
@@ -48,7 +47,7 @@ class OutputProcessor:
 
     def make_output(self, group: SequenceGroup) -> RequestOutput:
         prompt_ids = list(group.seqs[0].prompt_token_ids)
-        if isinstance(group.sampling_params, BeamSearchParams) and group.is_finished:
+        if group.is_beam_search and group.is_finished:
             completions = [CompletionOutput(
                 i, self.decode(b.tokens), list(b.tokens), b.cum_logprob, None,
                 "stop" if b.finished else "length") for i, b in enumerate(group.finished_beams)]

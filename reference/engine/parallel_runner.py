@@ -68,8 +68,9 @@ class StepMessage:
     sampling rows stay on rank 0, which alone samples)."""
 
     moves: list[tuple[list, list, list]]  # (swap_out, swap_in, copy) per engine step
-    inputs: StepInputs | None  # None: shut down
-    # the pool the engine sized, with the first step: each rank allocates its own heads' share
+    inputs: StepInputs | None  # None, and no kv_cache_config: shut down
+    # the pool the engine sized (a message of its own, before any step): each rank allocates
+    # its own heads' share
     kv_cache_config: KVCacheConfig | None = None
 
 
@@ -88,7 +89,6 @@ class TensorParallelRunner:
         self.runner, self.config = runner, config
         self.world_size = config.tensor_parallel_size
         self.pending_moves: list[tuple[list, list, list]] = []
-        self.pending_kv_cache_config: KVCacheConfig | None = None
         self.publish_seconds: list[float] = []  # per step: putting it in the store
         self.error: BaseException | None = None
         self.ranks = Ranks(*_start_ranks(config))
@@ -119,9 +119,18 @@ class TensorParallelRunner:
         return self.runner.get_kv_cache_spec(block_size)  # rank 0's heads
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        """Rank 0's pool now; the workers allocate theirs with the first step."""
+        """Every rank allocates the engine's pool, its own KV heads' share: rank 0
+        here, the workers from a message; the engine is built only once all have (a
+        rank that cannot allocate fails the engine's construction, not its first
+        request)."""
         self.runner.initialize_kv_cache(kv_cache_config)
-        self.pending_kv_cache_config = kv_cache_config
+        try:
+            self._publish(StepMessage([], None, kv_cache_config))
+            _wait_for_ranks(self.ranks, "allocated", self.world_size)
+        except BaseException as err:
+            self._fail(err)
+            raise self.error from err
+        self.ranks.store.delete_key(_key(self.ranks.step_number - 1))
 
     def move_blocks(self, swap_out, swap_in, copy) -> None:
         self.check_health()
@@ -135,10 +144,9 @@ class TensorParallelRunner:
         self.check_health()
         try:
             start = time.perf_counter()
-            self._publish(StepMessage(self.pending_moves, _without_sampling(inputs),
-                                      self.pending_kv_cache_config))
+            self._publish(StepMessage(self.pending_moves, _without_sampling(inputs)))
             self.publish_seconds.append(time.perf_counter() - start)
-            self.pending_moves, self.pending_kv_cache_config = [], None
+            self.pending_moves = []
             logits = self.runner.execute(inputs)  # collectives with every rank inside
         except BaseException as err:
             # The ranks are now out of step (some inside a collective, some not): end
@@ -234,7 +242,7 @@ def _start_ranks(config) -> tuple[list, dist.Store]:
         _check_torchrun_world(tp)
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
         store = _step_store(is_master=True)
-        for rank in range(1, tp):  # each rank has its shard and its pool
+        for rank in range(1, tp):  # each rank has its shard
             store.wait([f"pagedllm/loaded/{rank}"], timedelta(seconds=START_TIMEOUT))
         return [], store
     store = dist.TCPStore("127.0.0.1", 0, tp, is_master=True, timeout=COLLECTIVE_TIMEOUT,
@@ -258,7 +266,7 @@ def _start_ranks(config) -> tuple[list, dist.Store]:
         _wait_for_workers(store, "joined", workers)
         dist.init_process_group(backend, store=store, rank=0, world_size=tp,
                                 timeout=COLLECTIVE_TIMEOUT)
-        _wait_for_workers(store, "loaded", workers)  # each rank has its shard and its pool
+        _wait_for_workers(store, "loaded", workers)  # each rank has its shard
     except BaseException as err:
         for p in workers:
             p.join(1.0)
@@ -287,6 +295,16 @@ def _wait_for_workers(store: dist.Store, what: str, workers: list) -> None:
             if not p.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"rank {rank} has not {what}")
             time.sleep(0.05)
+
+
+def _wait_for_ranks(ranks: "Ranks", what: str, world_size: int) -> None:
+    """Every other rank has set pagedllm/<what>/<rank>: spawned ones are watched as they go
+    (a dead one fails at once); torchrun's are waited for up to START_TIMEOUT."""
+    if ranks.workers:
+        _wait_for_workers(ranks.store, what, ranks.workers)
+        return
+    for rank in range(1, world_size):
+        ranks.store.wait([f"pagedllm/{what}/{rank}"], timedelta(seconds=START_TIMEOUT))
 
 
 def _backend(config) -> str:
@@ -345,16 +363,18 @@ def serve_steps(config, rank: int, store: dist.Store,
     step = 0
     while True:
         message = _next_step(store, step, parent_pid)
-        if message.inputs is None:
-            return
+        step += 1
         if message.kv_cache_config is not None:  # the same blocks, this rank's KV heads
             pool = message.kv_cache_config
             runner.initialize_kv_cache(replace(
                 pool, kv_cache_groups=runner.get_kv_cache_spec(pool.block_size)))
+            store.set(f"pagedllm/allocated/{rank}", "1")
+            continue
+        if message.inputs is None:
+            return
         for moves in message.moves:
             runner.move_blocks(*moves)
         runner.execute(message.inputs)  # the collectives: rank 0 gets the logits
-        step += 1
 # --8<-- [end:worker]
 
 

@@ -23,13 +23,16 @@ The rules, vLLM's:
 
 The scheduler decides and books; it touches no tensor. Its output lists the sequences to run and
 how many tokens each, and the data moves its decisions require — blocks to swap out, to swap
-in, to copy (copy-on-write) — which the cache engine carries out before the forward.
+in, to copy (copy-on-write) — which the model runner carries out before the forward.
+
+After the forward, ``update_from_output`` is the one place the step's results change the
+requests and their KV bookkeeping: the tokens computed, the sampled tokens appended (text, stop
+checks and grammars by the output processor), n > 1 prompts forked, beams selected, what
+finished freed. vLLM V1's ``Scheduler.update_from_output``; nano-vllm's ``postprocess``.
 """
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-
-import torch
 
 from .beam_step import beam_step
 from .output_processor import OutputProcessor
@@ -120,27 +123,27 @@ class Scheduler:
         self.finish_static_batch_if_done()
 
     # --8<-- [start:update_from_output]
-    def update_from_output(self, out: SchedulerOutput,
-                           output: ModelRunnerOutput) -> list[SequenceGroup]:
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[SequenceGroup]:
         """After the forward, the one place its results change the requests and their KV:
         the scheduled tokens are computed (counts move on; full blocks become findable by
         later prompts), prompt rows give their prompt logprobs, the sampled tokens join
         their sequences (n > 1 prompts fork first, beams are selected, stops and grammars
         are checked), and what finished frees its blocks. Returns the requests the step
         touched, for the engine to turn into outputs."""
-        for item in out.scheduled:
+        for item in scheduler_output.scheduled:
             kind = "prefill_tokens" if item.seq.is_prefill else "decode_tokens"
             self.counters[kind] += item.num_tokens
             item.seq.num_computed_tokens += item.num_tokens
             self.kv.mark_computed(item.seq)
-        collect_prompt_logprobs(output.prompt_rows, output.prompt_logits)
-        self._append_sampled(output)
-        touched = list(dict.fromkeys(item.group for item in out.scheduled))
+        collect_prompt_logprobs(runner_output.prompt_rows, runner_output.prompt_logits)
+        self._append_sampled(runner_output)
+        touched = list(dict.fromkeys(item.group for item in scheduler_output.scheduled))
         self.finish_requests(touched)
         return touched
 
-    def _append_sampled(self, output: ModelRunnerOutput) -> None:
-        sampled = output.sampled
+    def _append_sampled(self, runner_output: ModelRunnerOutput) -> None:
+        output, sampled = runner_output, runner_output.sampled
         tokens, logprobs = sampled.token_ids.tolist(), sampled.logprobs.tolist()
         top_ids, top_lps = sampled.top_token_ids.tolist(), sampled.top_logprobs.tolist()
         samples: dict[int, dict[int, Sequence]] = {}  # prompt's seq id -> index -> sample
@@ -162,8 +165,8 @@ class Scheduler:
             if seq.is_finished and not group.is_finished:
                 self.kv.free_seq(seq)  # a finished sample's blocks go back now
         for group, rows in beam_rows.items():
-            beam_step(group, torch.log_softmax(output.logits[rows].float(), dim=-1), self.kv,
-                      self.output_processor.eos_token_id, self.config.max_model_len)
+            beam_step(group, output.logits[rows], self.kv, self.output_processor.eos_token_id,
+                      self.output_processor.max_model_len)
 
     # --8<-- [start:fork_samples]
     def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> dict[int, Sequence]:
@@ -306,10 +309,8 @@ class Scheduler:
 
     def _append(self, seq: Sequence, out: SchedulerOutput) -> None:
         """A slot for the token the sequence computes this step; a shared last block is copied
-        first (copy-on-write), which the cache engine does before the forward."""
-        copy = self.kv.allocate_slots(seq, num_new_tokens=1)
-        if copy is not None:
-            out.blocks_to_copy.append(copy)
+        first (copy-on-write), which the model runner does before the forward."""
+        out.blocks_to_copy += self.kv.allocate_slots(seq, num_new_tokens=1)
 
     # --8<-- [start:preempt]
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:

@@ -245,6 +245,31 @@ class BlockSpaceManager:
         copy = self.append_slots(seq_id, 1)
         return self.slot(seq_id, self._lookup(seq_id).num_tokens - 1), copy
 
+    def copy_on_write(self, seq_id: int, position: int) -> list[tuple[int, int]]:
+        """Private copies of the shared blocks the sequence writes from `position` on: the
+        slots it holds past its computed tokens (proposals booked in an earlier step, then
+        forked) are written again, so another holder must keep the old contents. Returns the
+        (src, dst) pairs to copy before the write."""
+        table = self._table(seq_id, device="gpu")
+        copies = []
+        for i in range(position // self.block_size, len(table.blocks)):
+            shared = table.blocks[i]
+            if self.gpu.ref_counts[shared] > 1:
+                table.blocks[i] = self._new_block(self.gpu)
+                self.gpu.release(shared)
+                copies.append((shared, table.blocks[i]))
+        return copies
+
+    def num_shared_blocks(self, seq_id: int, position: int) -> int:
+        """Copies copy_on_write(seq_id, position) would make, where the sequence holds slots
+        past `position` (booked, then forked). Writing from the end of what it holds, the
+        only block concerned is the last, whose copy num_blocks_to_append counts."""
+        table = self._table(seq_id, device="gpu")
+        if position >= table.num_tokens:
+            return 0
+        return sum(1 for block in table.blocks[position // self.block_size:]
+                   if self.gpu.ref_counts[block] > 1)
+
     # --8<-- [start:truncate]
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Keep only the slots of the sequence's first num_tokens tokens: the slots booked for

@@ -178,10 +178,6 @@ class ContiguousAllocator:
         slab.num_tokens += 1
         return slot
 
-    def can_grow(self, request_id: int, num_tokens: int) -> bool:
-        """Does the request's slab cover num_tokens tokens of what it declared?"""
-        return num_tokens <= self._slab(request_id).will_use
-
     def truncate(self, request_id: int, num_tokens: int) -> None:
         """Keep the slots of the first num_tokens tokens (the slab stays reserved)."""
         slab = self._slab(request_id)

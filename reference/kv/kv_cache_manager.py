@@ -119,38 +119,30 @@ class PagedKVCacheManager:
         """Blocks for every sequence of the group's allocate_slots: fresh blocks past the last
         one's room; a copy where it is shared — except for the last of the group's sharers to
         write, when nobody outside the group holds the block (by then it owns the block
-        alone)."""
+        alone); and a copy of every shared block a sequence writes into again (slots it
+        held past its computed tokens when it was forked: counted whole, never short)."""
         seqs = group.unfinished_seqs()
         wanted = [self._slots_wanted(s, num_new_tokens, num_lookahead_tokens) for s in seqs]
-        return self.manager.num_blocks_to_append([s.seq_id for s in seqs],
-                                                 num_slots=wanted) <= self.num_free_blocks
+        needed = self.manager.num_blocks_to_append([s.seq_id for s in seqs], num_slots=wanted)
+        needed += sum(self.manager.num_shared_blocks(s.seq_id, s.num_computed_tokens)
+                      for s in seqs)
+        return needed <= self.num_free_blocks
 
     # --8<-- [start:append]
     def allocate_slots(self, seq, num_new_tokens: int = 1,
-                       num_lookahead_tokens: int = 0) -> tuple[int, int] | None:
+                       num_lookahead_tokens: int = 0) -> list[tuple[int, int]]:
         """Slots for the num_new_tokens tokens whose K/V this step computes, from
         seq.num_computed_tokens on, and num_lookahead_tokens more after them (tokens proposed
         but not yet accepted: speculative decoding; ``truncate_slots`` gives back the
-        rejected ones). Slots the sequence already holds count. Returns the block pair to
-        copy first when the last block was shared (copy-on-write), else None."""
-        wanted = self._slots_wanted(seq, num_new_tokens, num_lookahead_tokens)
-        copy = self.manager.append_slots(seq.seq_id, max(wanted, 0))
-        if copy:
-            self.num_cow_copies += 1
-        return copy
+        rejected ones). Slots the sequence already holds count. Returns the block pairs to
+        copy first where a block it writes into is shared (copy-on-write)."""
+        copies = self.manager.copy_on_write(seq.seq_id, seq.num_computed_tokens)
+        copy = self.manager.append_slots(
+            seq.seq_id, max(self._slots_wanted(seq, num_new_tokens, num_lookahead_tokens), 0))
+        copies += [copy] if copy else []
+        self.num_cow_copies += len(copies)
+        return copies
     # --8<-- [end:append]
-
-    def can_append(self, group) -> bool:
-        """Room for one more slot per sequence of the group, past what each holds."""
-        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
-        return self.manager.num_blocks_to_append(seq_ids) <= self.num_free_blocks
-
-    def append(self, seq) -> tuple[int, int] | None:
-        """One more slot past what the sequence holds (the copy-on-write pair, or None)."""
-        copy = self.manager.append_slots(seq.seq_id, 1)
-        if copy:
-            self.num_cow_copies += 1
-        return copy
 
     def truncate_slots(self, seq, num_tokens: int) -> None:
         """Keep the slots of the sequence's first num_tokens tokens, give back the rest (the
@@ -266,18 +258,16 @@ class ContiguousKVCacheManager:
 
     def can_allocate_slots(self, group, num_new_tokens: int = 1,
                            num_lookahead_tokens: int = 0) -> bool:
-        """The slab was reserved for every token the request may produce; lookahead tokens
-        must fit in it too."""
-        return all(self.allocator.can_grow(s.seq_id, s.num_computed_tokens + num_new_tokens
-                                           + num_lookahead_tokens)
-                   for s in group.unfinished_seqs())
+        """Always: the slab was reserved for every token the request may produce. Booking
+        past it is a bug, which allocate_slots raises (never a preemption that cannot help)."""
+        return True
 
     def allocate_slots(self, seq, num_new_tokens: int = 1,
-                       num_lookahead_tokens: int = 0) -> None:
+                       num_lookahead_tokens: int = 0) -> list[tuple[int, int]]:
         wanted = seq.num_computed_tokens + num_new_tokens + num_lookahead_tokens
         while self.allocator.num_tokens(seq.seq_id) < wanted:
-            self.allocator.append_slot(seq.seq_id)
-        return None  # never a copy: nothing is shared
+            self.allocator.append_slot(seq.seq_id)  # raises past the declared length
+        return []  # never a copy: nothing is shared
 
     def truncate_slots(self, seq, num_tokens: int) -> None:
         self.allocator.truncate(seq.seq_id, num_tokens)

@@ -99,8 +99,8 @@ def test_a_swapped_parallel_group_asks_only_for_what_it_needs():
     for seq in seqs[1:]:
         kv.fork(seqs[0], seq)
     for seq in seqs:  # each sample writes its own third block: 2 + 3 = 5 blocks
-        kv.append(seq)
-        kv.append(seq)
+        seq.num_computed_tokens = 8
+        kv.allocate_slots(seq, num_new_tokens=2)
     assert kv.num_free_blocks == 2
     kv.swap_out(group)
     assert kv.num_free_blocks == 7 and kv.can_swap_in(group)  # 5 blocks, no spare needed

@@ -109,7 +109,9 @@ def test_the_last_sharer_writes_in_place(path):
     kv.manager.allocate(0, 10)  # 3 blocks, the last holding 2 of 4
     kv.fork(seqs[0], seqs[1])
     kv.fork(seqs[0], seqs[2])
-    assert kv.num_free_blocks == 2 and kv.can_append(group)
     for seq in seqs:
-        kv.append(seq)
+        seq.num_computed_tokens = 10
+    assert kv.num_free_blocks == 2 and kv.can_allocate_slots(group, num_new_tokens=1)
+    for seq in seqs:
+        kv.allocate_slots(seq, num_new_tokens=1)
     assert kv.num_cow_copies == 2 and kv.num_free_blocks == 0

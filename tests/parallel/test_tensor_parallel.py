@@ -305,3 +305,26 @@ def test_starting_ranks_prints_no_store_timeouts(checkpoints):
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert "timed out" not in done.stderr and "waitForInput" not in done.stderr, done.stderr
+
+
+class RankOneCannotAllocate(reference.ModelRunner):
+    """The reference runner, except that rank 1 has no room for its KV pool."""
+
+    def initialize_kv_cache(self, kv_cache_config):
+        if self.rank == 1:
+            raise MemoryError("rank 1 has no room for its KV pool (injected)")
+        super().initialize_kv_cache(kv_cache_config)
+
+
+def test_a_rank_that_cannot_allocate_fails_the_engine_when_it_is_built(checkpoints):
+    """Every rank allocates its pool before the engine is handed out: a rank that cannot
+    fails the construction (never a server that starts healthy and dies on its first
+    request), and nothing is left running."""
+    import torch.distributed as dist
+
+    from pagedllm.reference.engine.parallel_runner import WorkerDiedError
+
+    with pytest.raises(WorkerDiedError, match="allocated"):
+        reference.LLM(checkpoints["llama"], tensor_parallel_size=2,
+                      model_runner=RankOneCannotAllocate)
+    assert not _no_workers_left() and not dist.is_initialized()

@@ -53,6 +53,7 @@ class LookaheadMachine(RuleBasedStateMachine):
         self.kv = PagedKVCacheManager(BLOCK_SIZE, NUM_BLOCKS, enable_prefix_caching=True)
         self.shadow: dict[int, int] = {}  # slot -> the token whose K/V it holds
         self.live: list[Seq] = []
+        self.holds_extra: set[int] = set()  # sequences holding slots past their computed ones
         self.next_id = 0
 
     def _new_seq(self, tokens: list[int]) -> Seq:
@@ -89,9 +90,8 @@ class LookaheadMachine(RuleBasedStateMachine):
         group = Group([seq])
         if not self.kv.can_allocate_slots(group, 1, lookahead):
             return
-        copy = self.kv.allocate_slots(seq, 1, lookahead)
-        if copy is not None:  # copy-on-write: the storage copies the block before the write
-            src, dst = copy
+        for src, dst in self.kv.allocate_slots(seq, 1, lookahead):
+            # copy-on-write: the storage copies the block before the write
             for offset in range(BLOCK_SIZE):
                 if src * BLOCK_SIZE + offset in self.shadow:
                     self.shadow[dst * BLOCK_SIZE + offset] = self.shadow[
@@ -109,7 +109,17 @@ class LookaheadMachine(RuleBasedStateMachine):
                                          start + 1 + lookahead):
             self.shadow[slot] = REJECTED  # what the rejected proposals left in the pool
         self.kv.mark_computed(seq)  # before the rejected slots go: it must skip them itself
+        if data.draw(st.booleans()):
+            # forked while it still holds the rejected proposals' slots: the child keeps
+            # them (given back or written again in its own later steps), so a later write of
+            # either must copy the shared blocks first
+            child = self._new_seq(seq.token_ids)
+            child.num_computed_tokens = seq.num_computed_tokens
+            self.kv.fork(seq, child)
+            self.live.append(child)
+            self.holds_extra.add(child.seq_id)
         self.kv.truncate_slots(seq, seq.num_computed_tokens)
+        self.holds_extra.discard(seq.seq_id)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -119,6 +129,8 @@ class LookaheadMachine(RuleBasedStateMachine):
         child.num_computed_tokens = parent.num_computed_tokens
         self.kv.fork(parent, child)
         self.live.append(child)
+        if parent.seq_id in self.holds_extra:
+            self.holds_extra.add(child.seq_id)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -131,7 +143,8 @@ class LookaheadMachine(RuleBasedStateMachine):
     def every_sequence_reads_what_it_kept(self):
         for seq in self.live:
             n = seq.num_computed_tokens
-            assert len(self.kv.block_table(seq)) == -(-n // BLOCK_SIZE), "slots not given back"
+            if seq.seq_id not in self.holds_extra:
+                assert len(self.kv.block_table(seq)) == -(-n // BLOCK_SIZE), "slots kept"
             read = [self.shadow.get(s) for s in self.kv.slot_mapping(seq, 0, n)]
             assert read == seq.token_ids[:n]
 
@@ -167,3 +180,21 @@ def test_a_specs_bytes_are_the_pools_bytes(kv_cache_dtype):
     pool = CacheEngine.from_kv_cache_config(config, "cpu")
     assert pool.nbytes() == config.bytes_per_block * NUM_BLOCKS == 3 * spec.page_size_bytes \
         * NUM_BLOCKS
+
+
+def test_a_fork_holding_booked_slots_copies_before_either_writes_again():
+    """Forked after booking proposals' slots (before the step gave them back), parent and
+    child share blocks they will both write from their computed position on: the first of
+    them to write again gets private copies of every such block, the second owns the rest."""
+    kv = PagedKVCacheManager(BLOCK_SIZE, NUM_BLOCKS)
+    parent = Seq(1, list(range(7)))
+    kv.admit(Group([parent]))
+    parent.num_computed_tokens = 6  # its 7th token is computed next, with 3 proposals
+    assert kv.allocate_slots(parent, 1, 3) == []
+    assert kv.get_block_ids(parent) == ([0, 1, 2],)  # positions 6..9
+    child = Seq(2, list(parent.token_ids), num_computed_tokens=6)
+    kv.fork(parent, child)
+    copies = kv.allocate_slots(child, 1, 3)  # writes positions 6..9 again: blocks 1 and 2
+    assert [src for src, _ in copies] == [1, 2]
+    assert kv.allocate_slots(parent, 1, 3) == []  # the blocks are the parent's alone now
+    assert not set(kv.get_block_ids(parent)[0][1:]) & set(kv.get_block_ids(child)[0][1:])

@@ -27,16 +27,3 @@ structured outputs (``BeamSearchParams`` has no such field).
 from .params import FIELD, KINDS, StructuredOutputsParams, xgrammar_reason
 
 __all__ = ["FIELD", "KINDS", "StructuredOutputsParams", "xgrammar_reason"]
-
-# The compile machinery (grammar.py) imports the sequence, which imports these params: it is
-# loaded on first use, not with the params, so that no import runs in a circle.
-_GRAMMAR_NAMES = ("BackgroundCompiler", "GrammarCache", "advance", "bitmask_words",
-                  "fill_bitmask")
-
-
-def __getattr__(name: str):
-    if name in _GRAMMAR_NAMES:
-        from . import grammar
-
-        return getattr(grammar, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
