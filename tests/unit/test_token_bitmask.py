@@ -6,8 +6,8 @@ import torch
 import xgrammar as xgr
 from transformers import AutoTokenizer
 
-from pagedllm.reference.engine.structured_outputs.grammar import GrammarCache, fill_bitmask
 from pagedllm.reference.engine.structured_outputs import StructuredOutputsParams as Spec
+from pagedllm.reference.engine.structured_outputs.grammar import GrammarCache, fill_bitmask
 from pagedllm.reference.ops.sampling import (
     SamplingMetadata,
     SamplingRow,
