@@ -4,9 +4,9 @@ Everything else in ``kv/`` is bookkeeping: which blocks a sequence holds, which 
 to swap. This is the one place that owns memory: per layer a K and a V tensor of shape
 [num_blocks, block_size, kv_heads, head_dim] on the device (the "GPU pool", whatever the
 device), and the same shape on the CPU for swapped-out blocks. The model runner builds it from
-the engine's ``KVCacheConfig`` and, before each forward, hands it the step's lists — blocks to swap out, to swap in, to copy — and it carries them out
-with the backend's ops, in that order: a block swapped out this step may be handed to another
-sequence, which may copy into it.
+the engine's ``KVCacheConfig`` and, before each forward, hands it the step's lists — blocks to
+swap out, to swap in, to copy — and it carries them out with the backend's ops, in that order:
+a block swapped out this step may be handed to another sequence, which may copy into it.
 
 A slot is one token's row of K (and of V) in the flat view [num_blocks * block_size, kv_heads,
 head_dim]: slot = block * block_size + offset. The contiguous layout uses the same storage with
