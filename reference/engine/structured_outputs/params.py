@@ -10,7 +10,8 @@ Python, and refused past ``MAX_SCHEMA_DEPTH`` objects and arrays deep or ``MAX_S
 ``$ref`` keys; measured on an Intel Xeon (AVX-512, AMX; 2 cores), the slowest schemas at the
 limits convert in 0.1 s (127 nested ``items``) and 0.06 s (a chain of 512 ``$ref``). A server
 still makes these params off its event loop: a big schema within the limits and the body's
-size can take seconds (a 270 KB schema: 0.2 s to convert, 4 s for the check that something satisfies it).
+size can take seconds (a 270 KB schema: 0.2 s to convert, 4 s for the check that something
+satisfies it).
 
 A leaf: sampling_params imports it, and it imports nothing of the engine but the field-naming
 errors, so the params, the sequence and the compile machinery never import one another in a
