@@ -27,7 +27,7 @@ import torch
 
 from pagedllm.benchmarks.linear_layout import seconds
 from pagedllm.benchmarks.progress import progress, say
-from pagedllm.optimized.cpu_ops import cpu_kernels
+from pagedllm.kernels.cpu_ops import cpu_kernels
 from pagedllm.optimized.layers import merge_projections
 from pagedllm.optimized.quant_layers import (
     Int4PackedLinear,

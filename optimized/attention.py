@@ -36,7 +36,7 @@ from pagedllm.kernels.rotary import rotary as triton_rotary
 from pagedllm.reference.model import PagedAttention
 from pagedllm.reference.ops import dequantize_kv, kv_cache_format
 
-from .cpu_ops import cpu_kernels, rotary_with_tables
+from pagedllm.kernels.cpu_ops import cpu_kernels, rotary_with_tables
 
 
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,

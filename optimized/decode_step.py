@@ -26,9 +26,9 @@ from pagedllm.reference.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 from pagedllm.reference.ops import Backend
 
 from .attention import PlannedAttention, rotary_tables
-from .cpu_ops import cpu_extension
-from .cpu_ops import rms_norm as cpu_rms_norm
-from .cpu_ops import store_kv as cpu_store_kv
+from pagedllm.kernels.cpu_ops import cpu_extension
+from pagedllm.kernels.cpu_ops import rms_norm as cpu_rms_norm
+from pagedllm.kernels.cpu_ops import store_kv as cpu_store_kv
 from .layers import MergedLlamaAttention, MergedLlamaMLP
 from .quant_layers import PackedBF16Linear, PackedInt4Linear, PackedInt8Linear
 

@@ -33,9 +33,9 @@ from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 
 from .attention import PlannedAttention
-from .cpu_ops import cpu_kernels
-from .cpu_ops import rms_norm as cpu_rms_norm
-from .cpu_ops import store_kv as cpu_store_kv
+from pagedllm.kernels.cpu_ops import cpu_kernels
+from pagedllm.kernels.cpu_ops import rms_norm as cpu_rms_norm
+from pagedllm.kernels.cpu_ops import store_kv as cpu_store_kv
 from .decode_step import DecodeStep
 from .kv_sizing import profile_num_blocks
 from .layers import merge_projections, transpose_linears

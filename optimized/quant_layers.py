@@ -29,7 +29,7 @@ from torch import nn
 from pagedllm.kernels.quant_linear import quant_linear
 from pagedllm.reference.model.quantization import QuantizedLinear, decoder_stack
 
-from .cpu_ops import cpu_kernels, pack_bf16, pack_int4, pack_int8, packable, unpack_bf16_rows
+from pagedllm.kernels.cpu_ops import cpu_kernels, pack_bf16, pack_int4, pack_int8, packable, unpack_bf16_rows
 
 FAST_DTYPES = (torch.bfloat16, torch.float16)
 

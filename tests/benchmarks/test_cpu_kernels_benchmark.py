@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pagedllm.benchmarks import cpu_kernels as bench
-from pagedllm.optimized.cpu_ops import cpu_kernels
+from pagedllm.kernels.cpu_ops import cpu_kernels
 
 
 @pytest.mark.skipif(cpu_kernels() is None, reason="no AVX-512 BF16, or no build")

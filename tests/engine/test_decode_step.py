@@ -12,7 +12,7 @@ import pytest
 
 from pagedllm import optimized
 from pagedllm.optimized.backend import OPTIMIZED_BACKEND
-from pagedllm.optimized.cpu_ops import cpu_kernels
+from pagedllm.kernels.cpu_ops import cpu_kernels
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pagedllm import optimized, reference
-from pagedllm.optimized.cpu_ops import cpu_kernels
+from pagedllm.kernels.cpu_ops import cpu_kernels
 from pagedllm.optimized.quant_layers import (
     Int4PackedLinear,
     Int8PackedLinear,

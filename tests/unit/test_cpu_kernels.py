@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedllm.optimized.attention import rotary_tables, rotate_half
-from pagedllm.optimized.cpu_ops import cpu_kernels, rotary_with_tables
-from pagedllm.optimized.cpu_ops import rms_norm as cpu_rms_norm
-from pagedllm.optimized.cpu_ops import store_kv as cpu_store_kv
+from pagedllm.kernels.cpu_ops import cpu_kernels, rotary_with_tables
+from pagedllm.kernels.cpu_ops import rms_norm as cpu_rms_norm
+from pagedllm.kernels.cpu_ops import store_kv as cpu_store_kv
 from pagedllm.reference.ops import paged_attention, rms_norm, store_kv
 
 kernels = cpu_kernels()

@@ -3,12 +3,12 @@
 //
 // A step of one sequence on SmolLM2 is 30 layers of about ten operators, each microseconds
 // of arithmetic after microseconds of Python: the module calls, the views, the dispatch.
-// Here the same operators, in the same order, on the same kernels (cpu_ops.cpp, and ATen's
+// Here the same operators, in the same order, on the same kernels (the op files, and ATen's
 // silu and products for the activation), are called from C++ with the GIL released: the
 // Python is paid once a step instead of once an operator, and the server's event loop runs
 // while the layers do. Each kernel call is recorded under its operator's name, so a
 // profile of a step reads as the modules' profile does.
-#include "cpu_ops.h"
+#include "cpu.h"
 
 #include <ATen/record_function.h>
 

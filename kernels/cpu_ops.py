@@ -33,6 +33,7 @@ fours), so that one 512-bit register holds 16 outputs x 2 inputs (32 bf16), the 
   zero points in bf16, ``[N / 16, K / group, 16]``: the twin's bytes, reordered.
 """
 
+import contextlib
 import functools
 import logging
 import os
@@ -44,25 +45,77 @@ from pagedllm.reference.ops import store_kv as store_kv_reference
 from pagedllm.reference.ops.weight_quant import QuantizedWeight
 
 log = logging.getLogger(__name__)
-SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name)
-           for name in ("cpu_ops.cpp", "decode_step.cpp")]
+SOURCE_DIR = os.path.join(os.path.dirname(__file__), "cpu")
+SOURCES = sorted(os.path.join(SOURCE_DIR, name) for name in os.listdir(SOURCE_DIR)
+                 if name.endswith(".cpp"))
+ISAS = ("avx512", "avx2", "scalar")  # the kernels' paths, best first (cpu/cpu.h)
 
 
 @functools.cache
-def cpu_extension():
-    """The built extension module (its ``DecodeStack`` among others), or None where this CPU
-    or machine cannot run it (logged once)."""
+def _build():
+    """(the built module, None) or (None, why it could not be built)."""
     try:
         from torch.utils.cpp_extension import load
-        ext = load("pagedllm_cpu_ops", SOURCES, extra_cflags=["-O3"], verbose=False)
+        module = load("pagedllm_cpu_ops", SOURCES, extra_cflags=["-O3"],
+                      extra_include_paths=[SOURCE_DIR], verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels instead
-        log.warning("pagedllm: the CPU kernels did not build (%s: %s); using torch's "
-                    "kernels", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        first = str(e).splitlines()[0] if str(e) else ""
+        reason = f"the CPU kernels did not build ({type(e).__name__}: {first})"
+        log.warning("pagedllm: %s; using torch's kernels", reason)
+        return None, reason
+    return module, None
+
+
+def cpu_extension():
+    """The built extension module (its ``DecodeStack`` among others), or None where this
+    machine cannot build it (``cpu_kernels_status()`` says why)."""
+    module, _ = _build()
+    if module is None or module.isa() not in RUNNABLE:
         return None
-    if not ext.supported():
-        log.info("pagedllm: this CPU has no AVX-512 BF16 and VNNI; using torch's kernels")
-        return None
-    return ext
+    return module
+
+
+# The paths every op has so far; an op missing a path refuses it (cpu/cpu.h).
+RUNNABLE = ("avx512",)
+
+
+def cpu_kernels_status() -> str:
+    """One line: which path the CPU kernels take on this machine, or why none runs."""
+    module, reason = _build()
+    if module is None:
+        return reason
+    if module.isa() not in RUNNABLE:
+        return (f"this CPU's best path is {module.isa()} (machine: {module.machine_isa()}); "
+                f"the kernels have {', '.join(RUNNABLE)} only")
+    return f"{module.isa()} path (this CPU runs up to {module.machine_isa()})"
+
+
+def cpu_isa() -> str | None:
+    """The path the kernels take now (``avx512``, ``avx2``, ``scalar``), None without a build."""
+    module, _ = _build()
+    return None if module is None else module.isa()
+
+
+_cap = "avx512"  # the path use_isa() caps the kernels at: none by default
+
+
+@contextlib.contextmanager
+def use_isa(name: str):
+    """Run the CPU kernels' ``name`` path (or the machine's best below it) inside the block:
+    how the tests run every path this machine has. Yields the path taken."""
+    global _cap
+    if name not in ISAS:
+        raise ValueError(f"isa must be one of {ISAS}, got {name!r}")
+    module, reason = _build()
+    if module is None:
+        raise RuntimeError(reason)
+    before, _cap = _cap, name
+    module.set_isa(name)
+    try:
+        yield module.isa()
+    finally:
+        _cap = before
+        module.set_isa(before)
 
 
 def cpu_kernels():
