@@ -42,14 +42,14 @@ from pagedllm.benchmarks import throughput_cpu as race
 from pagedllm.benchmarks.bench_report import write_json
 from pagedllm.benchmarks.progress import progress
 from pagedllm.benchmarks.systems import BLOCK_SIZE
+from pagedllm.optimized import CPU_BACKEND
 from pagedllm.optimized import LLM as OptimizedLLM
-from pagedllm.optimized import OPTIMIZED_BACKEND
 from pagedllm.reference import LLM as ReferenceLLM
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.ops import REFERENCE_BACKEND
 
 TIERS = {"reference": (ReferenceLLM, REFERENCE_BACKEND),
-         "optimized": (OptimizedLLM, OPTIMIZED_BACKEND)}
+         "optimized": (OptimizedLLM, CPU_BACKEND)}
 
 # -- torch.profiler's operators, grouped ----------------------------------------------------------
 # The backend's ops and the group of every torch operator they run.

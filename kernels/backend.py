@@ -1,9 +1,11 @@
-"""TRITON_BACKEND: every op of the step as its Triton kernel, in one ``Backend``.
+"""TRITON_OPS: every per-call op of the step as its Triton kernel, in one ``Backend``.
 
 Every launcher has its twin's signature, so the kernels plug into a model as one bundle. Each
 runs its kernel on CUDA tensors, under Triton's interpreter on CPU tensors when
 ``TRITON_INTERPRET=1``, and as the twin otherwise (``runtime.py``). Swapping blocks between the
-GPU and CPU pools is a copy, not a kernel: it stays the twin's.
+GPU and CPU pools is a copy, not a kernel: it stays the twin's. ``optimized/backend.py`` adds
+what else the tier swaps on a GPU (the quantized products, the attention context, CUDA graphs)
+to make ``TRITON_BACKEND``.
 """
 
 from pagedllm.reference.ops import Backend, swap_blocks
@@ -16,6 +18,6 @@ from .sampling import sample
 from .silu_and_mul import silu_and_mul
 from .store_kv import store_kv
 
-TRITON_BACKEND = Backend(store_kv=store_kv, paged_attention=paged_attention,
-                         copy_blocks=copy_blocks, swap_blocks=swap_blocks, rms_norm=rms_norm,
-                         rotary=rotary, silu_and_mul=silu_and_mul, sample=sample)
+TRITON_OPS = Backend(name="triton-ops", store_kv=store_kv, paged_attention=paged_attention,
+                     copy_blocks=copy_blocks, swap_blocks=swap_blocks, rms_norm=rms_norm,
+                     rotary=rotary, silu_and_mul=silu_and_mul, sample=sample)

@@ -1,25 +1,29 @@
-"""The optimized tier's own CPU kernels (``csrc/cpu_ops.cpp``): bf16 on AVX-512 BF16 and VNNI.
+"""The CPU kernels (``kernels/cpu/*.cpp``) as the CPU backend's ops, and the weights' packing.
 
-Without Triton (a CPU, no interpreter) the tier's ops fall back to their torch twins, and
-torch's kernels for a decode step's shapes were the measured limit (lesson 18):
+Without Triton (a CPU, no interpreter) torch's kernels for a decode step's shapes were the
+measured limit (lesson 18):
 
-- **products**: torch's int4 kernel reads its codes at about 1.2 GB/s at 16 rows on this
-  project's CPU (AMD EPYC, AVX-512 BF16, no AMX), slower than bf16 ``F.linear`` on four times
-  the bytes, and oneDNN's bf16 product of one row reads about 6 GB/s of a 24-30 GB/s memory.
-  ``int4_matmul`` turns the codes into bf16 inside the registers and multiplies with
-  ``vdpbf16ps``; ``bf16_matmul`` is the same loop on bf16 weights (the LM head above all);
-  ``int8_matmul`` multiplies the int8 codes as they are stored with VNNI's ``vpdpbusd``, the
-  rows written as 24-bit integers in three byte planes (torch's int8 kernel read its codes at
-  about 7 GB/s for one row).
+- **products**: torch's int4 kernel reads its codes at about 1.2 GB/s at 16 rows on an AMD
+  EPYC (Zen 4, one thread), slower than bf16 ``F.linear`` on four times the bytes, and
+  oneDNN's bf16 product of one row reads about 6 GB/s of a 24-30 GB/s memory. ``int4_matmul``
+  turns the codes into floats inside the registers; ``bf16_matmul`` is the same loop on bf16
+  weights (the LM head above all); ``int8_matmul`` multiplies the int8 codes as they are
+  stored (AVX-512: VNNI's ``vpdpbusd``, the rows written as 24-bit integers in three byte
+  planes).
 - **the small ops of a layer**: RMSNorm (ten operators in the twin), the K/V write (a check
   and two indexed copies), rotary (three), and a decode step's attention (a gather of the
   blocks, a mask, two batched products and a softmax: ``paged_decode_attention`` reads the
   blocks in place). Each is one pass with the twin's roundings, or in float32 where the
   comment says so.
 
-Built on first use with torch's extension builder (a C++ compiler and ninja; about 30 s, then
-cached) and used only where the CPU has AVX-512 BF16 and VNNI: elsewhere, or where the build
-fails, ``cpu_extension()`` says why once and the tier keeps torch's kernels and the twins.
+Each kernel has three paths (``cpu/cpu.h``): AVX-512 with BF16 and VNNI, AVX2 with FMA, and
+portable C++; the best one this CPU has is taken at run time (``cpu_isa()``; ``use_isa()``
+caps it, for tests). Each op below is a ``CpuOp``: the kernel where its inputs are ones it
+takes, the twin otherwise (the condition is in the op, once).
+
+Built on first use with torch's extension builder (a C++ compiler and ninja; a minute or two
+on two cores, then cached); where the build fails, ``cpu_kernels_status()`` says why and every
+op is its twin.
 
 The products' packed layouts: for each block of 16 outputs, the inputs in pairs (int8: in
 fours), so that one 512-bit register holds 16 outputs x 2 inputs (32 bf16), the operand of one
@@ -41,6 +45,7 @@ import os
 import torch
 
 from pagedllm.reference.ops import rms_norm as rms_norm_reference
+from pagedllm.reference.ops import silu_and_mul as silu_and_mul_reference
 from pagedllm.reference.ops import store_kv as store_kv_reference
 from pagedllm.reference.ops.weight_quant import QuantizedWeight
 
@@ -69,14 +74,7 @@ def _build():
 def cpu_extension():
     """The built extension module (its ``DecodeStack`` among others), or None where this
     machine cannot build it (``cpu_kernels_status()`` says why)."""
-    module, _ = _build()
-    if module is None or module.isa() not in RUNNABLE:
-        return None
-    return module
-
-
-# The paths every op has so far; an op missing a path refuses it (cpu/cpu.h).
-RUNNABLE = ("avx512",)
+    return _build()[0]
 
 
 def cpu_kernels_status() -> str:
@@ -84,9 +82,6 @@ def cpu_kernels_status() -> str:
     module, reason = _build()
     if module is None:
         return reason
-    if module.isa() not in RUNNABLE:
-        return (f"this CPU's best path is {module.isa()} (machine: {module.machine_isa()}); "
-                f"the kernels have {', '.join(RUNNABLE)} only")
     return f"{module.isa()} path (this CPU runs up to {module.machine_isa()})"
 
 
@@ -165,12 +160,33 @@ def pack_int4(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return packed, per_block(qw.scales), per_block(qw.zeros)
 
 
+class CpuOp:
+    """An op of the CPU backend: a function with its twin's signature that runs a CPU kernel
+    where its inputs are ones the kernel takes. The one-call decode step strings the kernels
+    together itself, so it stands in only for a backend whose ops are all CpuOps (a wrapper, a
+    timer or a failing op swapped in is a plain function, and runs as the modules call it)."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"CpuOp({self.fn.__module__}.{self.fn.__qualname__})"
+
+
+FLOATS = (torch.bfloat16,)  # the dtypes the kernels take
+
+
+@CpuOp
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The twin's ``rms_norm`` (same arguments, same roundings) in one pass a row, for bf16
-    rows and weight; any other input goes to the twin."""
+    """The twin's ``rms_norm`` (same arguments, same roundings) in one pass a row, for bf16 or
+    float32 rows and a weight of their dtype; any other input goes to the twin."""
     kernels = cpu_kernels()
-    if (kernels is None or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16
+    if (kernels is None or x.dtype not in FLOATS or weight.dtype != x.dtype
             or x.shape[-1] % 16 or (residual is not None and (
                 residual.shape != x.shape or residual.dtype != x.dtype))):
         return rms_norm_reference(x, weight, eps, residual)
@@ -180,20 +196,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def _head_rows(x: torch.Tensor) -> bool:
-    """[T, heads, head_dim] bf16 whose rows hold their heads contiguously (any row stride:
-    the K and V of a merged QKV product are views of it)."""
-    return (x.dtype == torch.bfloat16 and x.dim() == 3 and x.stride(2) == 1
+    """[T, heads, head_dim] bf16 or float32 whose rows hold their heads contiguously (any row
+    stride: the K and V of a merged QKV product are views of it)."""
+    return (x.dtype in FLOATS and x.dim() == 3 and x.stride(2) == 1
             and x.stride(1) == x.shape[2])
 
 
+@CpuOp
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
              k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
-    """The twin's ``store_kv``: a row copy per token for an unquantized bf16 cache (a slot
-    outside the cache is refused, as the twin's indexing refuses it); any other format or
-    layout goes to the twin."""
+    """The twin's ``store_kv``: a row copy per token for an unquantized cache of the rows'
+    dtype (a slot outside the cache is refused, as the twin's indexing refuses it); any other
+    format or layout goes to the twin."""
     kernels = cpu_kernels()
-    if (kernels is None or kv_cache_dtype != "auto" or k_cache.dtype != torch.bfloat16
+    if (kernels is None or kv_cache_dtype != "auto" or k_cache.dtype != k.dtype
             or not (_head_rows(k) and _head_rows(v) and k_cache.is_contiguous()
                     and v_cache.is_contiguous())):
         return store_kv_reference(k, v, k_cache, v_cache, slot_mapping, kv_cache_dtype,
@@ -204,10 +221,23 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def rotary_with_tables(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``rotate_half`` of q and k (optimized/attention.py) in one pass, bit for bit, for
-    bf16 heads of 32k values; None where the kernel does not apply."""
+    bf16 or float32 heads of 32k values; None where the kernel does not apply."""
     if not (_head_rows(q) and _head_rows(k) and q.shape[2] % 32 == 0
-            and cos.dtype == torch.bfloat16):
+            and cos.dtype == q.dtype == k.dtype):
         return None
     kernels = cpu_kernels()
     return None if kernels is None else kernels.rotary(q, k, cos.contiguous(),
                                                        sin.contiguous())
+
+
+@CpuOp
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """The twin itself (two ATen operators, already one pass each); a CpuOp so that the
+    one-call decode step, which computes it with the same operators, may stand in for it."""
+    return silu_and_mul_reference(x)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware (``reference/engine/config.py``)."""
+    from pagedllm.reference.engine.config import native_bf16 as probe
+    return probe()

@@ -1,52 +1,102 @@
-"""Paged attention for the optimized tier on a CPU: a vectorized torch path.
+"""Paged attention and rotary for the CPU backend: the decode kernel, or a vectorized torch path.
 
 On CUDA (or on the CPU under ``TRITON_INTERPRET=1``) the tier runs ``kernels.paged_attention``:
 one kernel for every query shape. On a CPU without the interpreter, Triton cannot run, and the
-reference's definition loops over the prompts and chunks of a step one sequence at a time. This
-path has no loop over sequences: it attends to a few *padded batches* of sequences, each one
-gather of whole blocks and one fused attention product, whatever the step's mix. Which of the
-two runs is decided once, when the model runner is built (``model_runner.py``).
+reference's definition loops over the prompts and chunks of a step one sequence at a time. The
+CPU backend's op (``cpu_paged_attention``, ``backend.py``'s ``CPU_BACKEND``) has no loop over
+sequences:
 
-- The decodes (one query row each) are split into a few buckets of similar lengths. A padded
-  batch reads every sequence's keys up to the longest one's length (the rest masked); with
-  lengths spread from tens to hundreds of tokens, most of one batch's reads would be padding.
-- The sequences with more than one query row (prompts, chunks) are bucketed the same way, apart
-  from the decodes, their queries padded to the longest of their bucket: a padded batch of
-  prompts costs (longest query run) x (longest context) per member.
+- A step of decodes only goes to the CPU kernel (``kernels/cpu/paged_attention.cpp``), which
+  reads each sequence's keys and values in place through its block table: no gather, no
+  padding, no mask, float32 scores and softmax.
+- Any other step (prompts, chunks, a quantized cache) attends to a few *padded batches* of
+  sequences, each one gather of whole blocks and one fused attention product, whatever the
+  step's mix. The decodes are split into a few buckets of similar lengths (a padded batch reads
+  every sequence's keys up to the longest one's length; with lengths spread from tens to
+  hundreds of tokens, most of one batch's reads would be padding); the sequences with more
+  than one query row are bucketed the same way, apart from the decodes, their queries padded to
+  the longest of their bucket.
 
 What to gather and what to mask depends only on the step's metadata, not on the layer, so it is
 worked out once per step, as an ``AttentionPlan``, and reused by every layer: vLLM's backends
 likewise turn the step's common metadata into their own once per step (a metadata builder).
-The runner builds one ``PlannedAttention`` context per step; it holds the step's plans.
-``cpu_paged_attention`` is the same path with the reference op's signature (it plans for
-itself), held to the reference by the same tests as the kernel
-(``tests/unit/test_paged_attention.py``).
+The op keeps its twin's signature (a wrapper, a timer, a failing op in a test all call it as
+the reference's), so the plan is kept beside the step's host lengths tensor, which every layer
+of a step is handed: the first layer plans, the others find the plan there (``StepPlans``).
+Rotary's tables are kept the same way, beside the step's positions. The op is held to the
+reference by the same tests as the kernel (``tests/unit/test_paged_attention.py``).
 
 Gathers are of whole blocks (``index_select`` of [block_size, kv_heads, head_dim] chunks), not
 of single slots: on a CPU, copying a few large contiguous chunks is several times faster than
 an indexed copy of one short row per key.
 """
 
-from dataclasses import dataclass, replace
+import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from pagedllm.kernels.rotary import rotary as triton_rotary
-from pagedllm.reference.model import PagedAttention
+from pagedllm.kernels.cpu_ops import FLOATS, CpuOp, cpu_kernels, rotary_with_tables
 from pagedllm.reference.ops import dequantize_kv, kv_cache_format
 
-from pagedllm.kernels.cpu_ops import cpu_kernels, rotary_with_tables
+
+# --8<-- [start:step_plans]
+class StepPlans:
+    """What a step computes once for all its layers, kept beside one of the step's own tensors.
+
+    Every layer of a step is handed the same host lengths tensor and the same positions; a
+    value derived from them is computed by the first layer that asks and found by the others.
+    The entry lives as long as that tensor (a weak reference: the next step's tensor starts
+    afresh), and its key holds the other inputs by identity and version, so a tensor changed in
+    place, or another table, is never served a stale value."""
+
+    def __init__(self):
+        self.entries: dict[int, tuple] = {}  # id(anchor) -> (ref, key, inputs, value)
+
+    def get(self, anchor: torch.Tensor, inputs: tuple, make):
+        key = tuple((id(x), x._version) if isinstance(x, torch.Tensor) else x
+                    for x in (anchor, *inputs))
+        slot = id(anchor)
+        found = self.entries.get(slot)
+        if found is None or found[0]() is not anchor or found[1] != key:
+            ref = weakref.ref(anchor, lambda _: self.entries.pop(slot, None))
+            # inputs kept alive with the entry: their ids cannot be reused while it stands
+            found = self.entries[slot] = (ref, key, inputs, make())
+        return found[3]
 
 
+PLANS, TABLES = StepPlans(), StepPlans()
+# --8<-- [end:step_plans]
+
+
+# --8<-- [start:cpu_paged_attention]
+@CpuOp
 def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                         sliding_window=None, kv_cache_dtype="auto", k_scale=None,
                         v_scale=None) -> torch.Tensor:
-    """The CPU path as one op with the reference's signature: plan, then attend.
-    q [T, heads, head_dim] -> [T, heads, head_dim]."""
-    plan = plan_attention(block_tables, seq_lens, query_start_loc, k_cache.shape[1],
-                          sliding_window)
+    """The reference op's result, q [T, heads, head_dim] -> [T, heads, head_dim]: a step of
+    decodes over an unquantized cache in the CPU kernel, reading the blocks in place; any other
+    step by the padded batches of its plan (made once per step and window)."""
+    kernels = cpu_kernels()
+    if (kernels is not None and kv_cache_dtype == "auto" and k_scale is None
+            and q.dtype == k_cache.dtype and q.dtype in FLOATS
+            and q.shape[-1] in (32, 64) and _decodes_only(query_start_loc, q.shape[0])):
+        return kernels.paged_decode_attention(  # [S, heads, head_dim]
+            q.contiguous(), k_cache, v_cache, block_tables, seq_lens, scale,
+            sliding_window or 0)
+    plan = PLANS.get(seq_lens, (block_tables, query_start_loc, k_cache.shape[1],
+                                sliding_window),
+                     lambda: plan_attention(block_tables, seq_lens, query_start_loc,
+                                            k_cache.shape[1], sliding_window))
     return attend(plan, q, k_cache, v_cache, scale, kv_cache_dtype, k_scale, v_scale)
+
+
+def _decodes_only(query_start_loc: torch.Tensor, num_rows: int) -> bool:
+    """One query row per sequence, and every row a sequence's."""
+    return query_start_loc.numel() == num_rows + 1 and bool(torch.equal(
+        query_start_loc.cpu(), torch.arange(num_rows + 1, dtype=query_start_loc.dtype)))
+# --8<-- [end:cpu_paged_attention]
 
 
 # --8<-- [start:plan]
@@ -218,60 +268,18 @@ def _decode_attention(queries, keys, values, hidden, scale) -> torch.Tensor:
 # --8<-- [end:attend]
 
 
-# --8<-- [start:planned_context]
-class PlannedAttention(PagedAttention):
-    """The runner's CPU attention context, built once per step from the step's metadata.
-
-    It plans the step's padded batches (one plan per sliding window: a model may mix
-    windowed and full layers) the first time a layer asks, and every later layer reuses
-    the plan. Its K/V writes (and int4's rotation) are PagedAttention's; it reads by
-    ``attend`` on the plan. The same holds for rotary: every layer of a step rotates by
-    the same positions, so the step's backend rotates with cos/sin computed once
-    (``rotary_tables``) where the op recomputes them in each layer.
-
-    A step of decodes only, over an unquantized bf16 cache, needs no plan where the CPU
-    has AVX-512 BF16: our kernel (``csrc/cpu_ops.cpp``, ``paged_decode_attention``)
-    reads each sequence's keys and values in place through its block table, with no
-    gather, no padding and no mask, in float32 (scores, softmax, sum), rounded once."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        starts = self.metadata.query_start_loc_cpu
-        self.decodes_only = bool(torch.equal(  # one query row per sequence, no padding
-            starts, torch.arange(starts.numel(), dtype=starts.dtype)))
-        self.plans: dict[int | None, AttentionPlan] = {}
-        self.rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        if self.backend.rotary is triton_rotary:  # the tier's op, not one swapped in
-            self.backend = replace(self.backend, rotary=self.rotary)
-
-    def rotary(self, q, k, positions, inv_freq):
-        """The op's rotation, bit for bit, with the step's tables (one per frequency
-        tensor: the runner gives the layers one when their frequencies are equal)."""
-        key = (inv_freq.data_ptr(), q.dtype)
-        if key not in self.rope:
-            self.rope[key] = rotary_tables(positions, inv_freq, q.dtype)
-        cos, sin = self.rope[key]
-        # bf16 on AVX-512 BF16: the same roundings in one pass for q and k
-        bf16 = q.dtype == torch.bfloat16
-        rotated = rotary_with_tables(q, k, cos, sin) if bf16 else None
-        return rotated or (rotate_half(q, cos, sin), rotate_half(k, cos, sin))
-
-    def read(self, layer, q, scale, sliding_window=None):
-        md = self.metadata
-        k_cache, v_cache = self.k_caches[layer], self.v_caches[layer]
-        if (self.decodes_only and q.dtype == k_cache.dtype == torch.bfloat16
-                and q.shape[-1] in (32, 64) and q.shape[0] == md.seq_lens_cpu.numel()
-                and not self.quant.args(layer) and (kernels := cpu_kernels())):
-            return kernels.paged_decode_attention(  # [S, heads, head_dim]
-                q.contiguous(), k_cache, v_cache, md.block_tables, md.seq_lens_cpu,
-                scale, sliding_window or 0)
-        if sliding_window not in self.plans:
-            self.plans[sliding_window] = plan_attention(
-                md.block_tables, md.seq_lens_cpu, md.query_start_loc_cpu,
-                k_cache.shape[1], sliding_window)
-        return attend(self.plans[sliding_window], q, k_cache, v_cache, scale,
-                      *self.quant.args(layer))
-# --8<-- [end:planned_context]
+# --8<-- [start:cpu_rotary]
+@CpuOp
+def cpu_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference op's rotation, bit for bit, with cos/sin computed once per step (and
+    frequency tensor: the runner gives the layers one when their frequencies are equal) where
+    the op recomputes them in every layer; q and k in one pass in the CPU kernel."""
+    cos, sin = TABLES.get(positions, (inv_freq, q.dtype),
+                          lambda: rotary_tables(positions, inv_freq, q.dtype))
+    rotated = rotary_with_tables(q, k, cos, sin)
+    return rotated or (rotate_half(q, cos, sin), rotate_half(k, cos, sin))
+# --8<-- [end:cpu_rotary]
 
 
 # --8<-- [start:rotary_tables]

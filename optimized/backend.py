@@ -1,19 +1,37 @@
-"""The optimized tier's ops: the Triton kernels, and asynchronous swapping.
+"""The optimized tier's two backends, peers, and the one place that chooses between them.
 
-Every launcher in ``kernels/`` runs its kernel on CUDA tensors (and on CPU tensors under
-``TRITON_INTERPRET=1``) and its torch twin otherwise. The twins of the small ops are already
-vectorized; the twin of paged attention loops over prompts, so on a plain CPU the model runner
-attends through ``attention.PlannedAttention`` instead of this bundle's attention op (it decides
-so once, when it is built). Swapping is a copy, not a kernel; on CUDA this tier queues it
-without waiting (``swap_blocks`` below).
+A ``Backend`` (``reference/ops/__init__.py``) carries every op this tier swaps: the per-call
+ops, how the linear layers multiply (``process_weights``), the step's attention context, and an
+optional whole-step slot. The runner asks ``select_backend`` once, when it is built, unless the
+engine was handed a backend (a test's failing op, a timer): then that one runs as it is.
+
+- ``TRITON_BACKEND``: the Triton kernels (``kernels/<op>.py``) on CUDA, their quantized
+  products dequantizing in registers, an attention context handing the kernel device-side
+  lengths, CUDA graphs for decode steps, asynchronous swaps. Under ``TRITON_INTERPRET=1`` the
+  same kernels run on CPU tensors in Triton's interpreter (how CI checks them), without the
+  graphs and with host-side lengths.
+- ``CPU_BACKEND``: the C++ kernels (``kernels/cpu/<op>.cpp``: AVX-512, AVX2 or portable C++,
+  whichever this CPU runs best), the weights packed for them, attention planned once per step,
+  and the decode step's layers in one C++ call.
+
+``describe(backend, dtype)`` says, op by op, what computes it on this machine and why;
+``LLM.kernels()`` and ``pagedllm env`` print it.
 """
 
 from dataclasses import replace
 
 import torch
 
-from pagedllm.kernels.backend import TRITON_BACKEND
+from pagedllm.kernels import cpu_ops
+from pagedllm.kernels.backend import TRITON_OPS
+from pagedllm.kernels.runtime import interpreting
+from pagedllm.reference.ops import Backend, copy_blocks, sample
 from pagedllm.reference.ops import swap_blocks as swap_blocks_reference
+
+from .attention import cpu_paged_attention, cpu_rotary
+from .cuda_graphs import CudaGraphs, DeviceAttention
+from .decode_step import DecodeStep
+from .quant_layers import pack_linears_for_cpu, triton_quantized_linears
 
 
 # --8<-- [start:swap_blocks]
@@ -39,6 +57,82 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor,
 # --8<-- [end:swap_blocks]
 
 
-# --8<-- [start:backend]
-OPTIMIZED_BACKEND = replace(TRITON_BACKEND, swap_blocks=swap_blocks)
-# --8<-- [end:backend]
+# --8<-- [start:backends]
+TRITON_BACKEND = replace(TRITON_OPS, name="triton", swap_blocks=swap_blocks,
+                         process_weights=triton_quantized_linears,
+                         attention_context=DeviceAttention, whole_step=CudaGraphs.build)
+# The same kernels in Triton's interpreter, on CPU tensors: the reference's context (host-side
+# lengths) and no graphs.
+INTERPRETED_BACKEND = replace(TRITON_BACKEND, name="triton-interpreter",
+                              attention_context=None, whole_step=None)
+
+CPU_BACKEND = Backend(
+    name="cpu", store_kv=cpu_ops.store_kv, paged_attention=cpu_paged_attention,
+    copy_blocks=copy_blocks, swap_blocks=swap_blocks_reference, rms_norm=cpu_ops.rms_norm,
+    rotary=cpu_rotary, silu_and_mul=cpu_ops.silu_and_mul, sample=sample,
+    process_weights=pack_linears_for_cpu, whole_step=DecodeStep.for_runner)
+
+
+def select_backend(device: torch.device) -> Backend:
+    """The backend for a model on `device`: decided here, once, when the runner is built."""
+    if device.type == "cuda":
+        return TRITON_BACKEND
+    if interpreting():
+        return INTERPRETED_BACKEND
+    return CPU_BACKEND
+# --8<-- [end:backends]
+
+
+def describe(backend: Backend, dtype: torch.dtype) -> dict[str, str]:
+    """What computes each op of `backend` on this machine for a model in `dtype`, and why."""
+    if backend.name == "cpu":
+        return _describe_cpu(dtype)
+    if backend.name.startswith("triton"):
+        where = "on CUDA" if backend.name == "triton" else \
+            "in Triton's interpreter, on CPU tensors (TRITON_INTERPRET=1)"
+        report = {op: f"Triton kernel (kernels/{op}.py), {where}"
+                  for op in ("store_kv", "paged_attention", "copy_blocks", "rms_norm", "rotary",
+                             "silu_and_mul", "sample")}
+        report["linear"] = (f"int8/int4/GGUF: Triton kernel dequantizing in registers "
+                            f"(kernels/quant_linear.py), {where}; float weights: torch "
+                            f"(cuBLAS on CUDA)")
+        report["whole_step"] = "CUDA graphs: a decode step replayed in one launch" \
+            if backend.whole_step else "none: the interpreter cannot capture graphs"
+        return report
+    return {"every op": f"backend {backend.name!r} as the engine was handed it "
+                        f"(EngineArgs.backend)"}
+
+
+def _describe_cpu(dtype: torch.dtype) -> dict[str, str]:
+    isa = cpu_ops.cpu_isa()
+    if isa is None:
+        kernel = f"the torch twin (reference/ops): {cpu_ops.cpu_kernels_status()}"
+    elif dtype not in cpu_ops.FLOATS:
+        kernel = (f"the torch twin (reference/ops): the CPU kernels take "
+                  f"{', '.join(str(d).removeprefix('torch.') for d in cpu_ops.FLOATS)}")
+    else:
+        kernel = f"C++ kernel, {isa} path"
+    return {
+        "rms_norm": f"{kernel}; kernels/cpu/rms_norm.cpp",
+        "store_kv": f"{kernel}; kernels/cpu/store_kv.cpp",
+        "rotary": f"{kernel}; kernels/cpu/rotary.cpp, cos/sin once per step",
+        "paged_attention": f"decodes: {kernel}; kernels/cpu/paged_attention.cpp. Prompts and "
+                           "chunks: padded batches planned once per step, torch's fused "
+                           "attention (optimized/attention.py)",
+        "silu_and_mul": "ATen's silu and mul (the twin): one pass each already",
+        "sample": "the torch twin: vectorized already",
+        "copy_blocks, swap_blocks": "the torch twins: copies, not kernels",
+        "linear": _cpu_linear(dtype, isa),
+        "whole_step": ("the decode step's layers in one C++ call (kernels/cpu/decode_step.cpp) "
+                       "for " if isa is not None else "none: ") + DecodeStep.requirements(),
+    }
+
+
+def _cpu_linear(dtype: torch.dtype, isa: str | None) -> str:
+    if isa is None:
+        return ("F.linear for float weights; int8/int4/GGUF: torch's weight-only kernels or "
+                "the twin (" + cpu_ops.cpu_kernels_status() + ")")
+    dense = "bf16 weights too" if dtype == torch.bfloat16 else "float weights: BLAS (F.linear)"
+    return (f"int8, int4 and GGUF blocks: C++ kernels, {isa} path "
+            f"(kernels/cpu/quant_linear.cpp); {dense}; packed once after loading "
+            f"(optimized/quant_layers.py)")

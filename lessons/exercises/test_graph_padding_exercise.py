@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pagedllm import optimized
-from pagedllm.optimized import OPTIMIZED_BACKEND
+from pagedllm.optimized import CPU_BACKEND
 from pagedllm.optimized.model_runner import GRAPH_BATCH_SIZES
 from pagedllm.reference import load_model
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
@@ -148,7 +148,7 @@ def run_step(model, step: dict, caches, backend) -> torch.Tensor:
         return model(torch.tensor(step["input_ids"]), torch.tensor(step["positions"]), attn)
 
 
-@pytest.mark.parametrize("backend", [REFERENCE_BACKEND, OPTIMIZED_BACKEND],
+@pytest.mark.parametrize("backend", [REFERENCE_BACKEND, CPU_BACKEND],
                          ids=["reference ops", "optimized ops"])
 @pytest.mark.parametrize("captured", [GRAPH_BATCH_SIZES, (8, 16)])
 def test_padding_changes_nothing(impl, model, backend, captured):

@@ -66,7 +66,8 @@ class EngineArgs:
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = False
     seed: int = 0
-    backend: Backend = REFERENCE_BACKEND  # the ops (a tier's, or one swapped for a test)
+    # the ops: None is the tier's own for the device; a Backend (one swapped for a test)
+    backend: Backend | None = REFERENCE_BACKEND
     model_runner: type[ModelRunner] = ModelRunner  # the tier: who executes the model
     enforce_eager: bool = False  # a runner that captures CUDA graphs (or its CPU stack): don't
     gpu_memory_utilization: float | None = None  # a runner that profiles: share of the GPU
@@ -102,7 +103,7 @@ class EngineConfig:
     enable_prefix_caching: bool
     scheduler_config: SchedulerConfig
     seed: int
-    backend: Backend
+    backend: Backend | None  # None: the runner takes its tier's own for the device
     model_runner: type[ModelRunner]
     enforce_eager: bool
     gpu_memory_utilization: float
@@ -168,7 +169,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     kv_format = _kv_cache_format(args)
     quant_skip = _check_quantization(args)
     if dtype_name == "auto" and args.quantization is not None:
-        dtype_name = "bfloat16"  # weight-only kernels take bf16 activations (seed 003's pairing)
+        dtype_name = auto_quantized_dtype(device)
     _check_tier_options(args, runner)
     check_int("block_size", args.block_size, low=1)
     _check_tensor_parallel(args, device)
@@ -275,6 +276,29 @@ def _dtype_name(dtype) -> str:
     return dtype
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX; read from Linux's
+    /proc/cpuinfo). Elsewhere (AVX2 only, most laptops; another OS) bf16 is emulated: each
+    value widened to float32 in software, slower than float32 itself."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    return False
+
+
+def auto_quantized_dtype(device: torch.device) -> str:
+    """What dtype='auto' computes a quantized model's activations in: bf16 (seed 003's
+    pairing, what the weight-only kernels of a GPU take) on a GPU or a CPU with native bf16;
+    float32 on any other CPU, where emulated bf16 would make every product slower than the
+    float32 model's (lesson 18's table per CPU)."""
+    return "bfloat16" if device.type == "cuda" or native_bf16() else "float32"
+
+
 # --8<-- [start:auto_dtype]
 def auto_dtype(device: torch.device, checkpoint_dtype: torch.dtype) -> str:
     """What dtype='auto' computes in, as vLLM means it: the checkpoint's own dtype on a GPU
@@ -303,11 +327,13 @@ def resolve_dtype(dtype_name: str, device: torch.device, model) -> str:
 
 
 def _check_backend(backend) -> None:
-    """A Backend bundle of ops (swap one with dataclasses.replace), not None or a function."""
-    if not isinstance(backend, Backend):
+    """A Backend bundle of ops (swap one with dataclasses.replace), or None (the tier's own
+    for the device); not a function."""
+    if backend is not None and not isinstance(backend, Backend):
         raise FieldTypeError("backend", f"backend must be a pagedllm.reference.ops.Backend (e.g. "
                              f"REFERENCE_BACKEND, or dataclasses.replace(REFERENCE_BACKEND, "
-                             f"op=...)), got {backend!r} ({type(backend).__name__})")
+                             f"op=...)) or None (the tier's own), got {backend!r} "
+                             f"({type(backend).__name__})")
 
 
 def _check_tier_options(args: EngineArgs, runner: type[ModelRunner]) -> None:

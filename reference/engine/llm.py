@@ -112,6 +112,11 @@ class LLM:
     def stats(self) -> dict:
         return self.engine.stats()
 
+    def kernels(self) -> dict[str, str]:
+        """What computes each op of a step on this machine, and why: the backend the runner
+        chose (or was handed), op by op. ``pagedllm env`` prints the same."""
+        return self.engine.runner.kernels()
+
     def shutdown(self) -> None:
         """End what the engine started (a tensor-parallel engine's worker ranks); also at exit,
         or at the end of ``with LLM(...) as llm:``."""

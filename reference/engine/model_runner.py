@@ -22,7 +22,7 @@ import torch
 from ..kv import CacheEngine, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from ..model import KVCacheQuant, PagedAttention
 from ..model.tensor_parallel import all_reduce_max, attention_heads
-from ..ops import Backend, SamplerOutput, SamplingMetadata
+from ..ops import REFERENCE_BACKEND, Backend, SamplerOutput, SamplingMetadata
 from .step_inputs import StepInputs
 
 
@@ -35,13 +35,26 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, config, rank: int = 0) -> None:
         """config: the EngineConfig (backend, budgets, block size) the engine was built from;
         rank: which tensor-parallel rank's shard `model` is (its KV heads)."""
-        self.model = model
         self.config, self.rank = config, rank
-        self.backend: Backend = config.backend
+        self.backend: Backend = self.choose_backend(config, next(model.parameters()).device)
+        # the linear layers as the backend's products (the reference's: kept as they are)
+        self.model = self.backend.process_weights(model, config.dtype)
         self.cache_engine: CacheEngine | None = None  # initialize_kv_cache builds it
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
         self.kv_quant = KVCacheQuant()
+
+    def choose_backend(self, config, device: torch.device) -> Backend:
+        """The ops this runner computes with: the engine's (EngineArgs.backend), or this
+        tier's own where it was given none."""
+        return REFERENCE_BACKEND if config.backend is None else config.backend
+
+    def kernels(self) -> dict[str, str]:
+        """What computes each op of a step, and why (``LLM.kernels()``)."""
+        if self.backend.name == "reference":
+            return {"every op": "its torch definition in reference/ops (the reference tier: "
+                                "readable, and the twin every kernel is tested against)"}
+        return {"every op": f"backend {self.backend.name!r} as the engine was handed it"}
 
     # --8<-- [start:kv_cache]
     def get_kv_cache_spec(self, block_size: int) -> tuple[KVCacheGroupSpec, ...]:
@@ -86,8 +99,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """One forward over every scheduled token of every sequence, laid flat."""
-        attn = PagedAttention(inputs.attn_metadata, self.k_caches, self.v_caches,
-                              self.backend, self.kv_quant)
+        context = self.backend.attention_context or PagedAttention
+        attn = context(inputs.attn_metadata, self.k_caches, self.v_caches, self.backend,
+                       self.kv_quant)
         return self.model(inputs.input_ids, inputs.positions, attn,
                           logits_indices=inputs.logits_indices)  # [S, vocab]
     # --8<-- [end:execute]

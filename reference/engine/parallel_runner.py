@@ -106,6 +106,9 @@ class TensorParallelRunner:
     def backend(self):
         return self.runner.backend
 
+    def kernels(self) -> dict[str, str]:
+        return self.runner.kernels()  # every rank runs the same backend
+
     @property
     def cache_engine(self):
         return self.runner.cache_engine  # rank 0's pool (its KV heads)

@@ -19,10 +19,25 @@ from .rotary import rotary
 from .sampling import SamplerOutput, SamplingMetadata, sample
 
 
+def keep_weights(model, dtype):
+    """The reference's linear products: each layer's own forward (nn.Linear, or the
+    quantized twin that dequantizes its weight), so the model is kept as it is."""
+    return model
+
+
 @dataclass(frozen=True)
 class Backend:
-    """Who computes each op of the step. Swap one field to swap one implementation."""
+    """Who computes each op of the step. Swap one field to swap one implementation.
 
+    Besides the per-call ops, a backend says how the linear layers multiply
+    (``process_weights``, applied once after loading, as vLLM's
+    ``process_weights_after_loading``: the weights repacked for its kernels), which attention
+    context a step builds from its metadata (``attention_context``: once per step, vLLM's
+    metadata builder; None is the model's ``PagedAttention``), and what may run a whole step
+    in one call (``whole_step``: given the model runner, an object with ``runs(attn)`` and the
+    model's call signature, or None; a CUDA graph, the CPU's one-call decode step)."""
+
+    name: str = "reference"
     store_kv: Callable = store_kv
     paged_attention: Callable = paged_attention
     copy_blocks: Callable = copy_blocks
@@ -31,11 +46,14 @@ class Backend:
     rotary: Callable = rotary
     silu_and_mul: Callable = silu_and_mul
     sample: Callable = sample
+    process_weights: Callable = keep_weights  # (model, dtype) -> model
+    attention_context: type | None = None
+    whole_step: Callable | None = None  # (runner) -> a step object, or None
 
 
 REFERENCE_BACKEND = Backend()
 
 __all__ = ["Backend", "KVCacheFormat", "KV_CACHE_DTYPES", "REFERENCE_BACKEND", "SamplerOutput",
            "SamplingMetadata", "causal_attention", "copy_blocks", "dequantize_kv", "gather_kv",
-           "kv_cache_format", "paged_attention", "quantize_kv", "rms_norm", "rotary", "sample",
-           "silu_and_mul", "store_kv", "swap_blocks"]
+           "keep_weights", "kv_cache_format", "paged_attention", "quantize_kv", "rms_norm",
+           "rotary", "sample", "silu_and_mul", "store_kv", "swap_blocks"]

@@ -11,7 +11,7 @@ import torch
 
 import pagedllm.optimized as O
 import pagedllm.reference as R
-from pagedllm.optimized import OPTIMIZED_BACKEND
+from pagedllm.optimized import CPU_BACKEND
 from pagedllm.reference.model.config import load_config
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
@@ -81,7 +81,7 @@ def test_long_mixed_batches_give_the_reference_tokens(checkpoints, family, kwarg
                                        ("swap_blocks", 1), ("rms_norm", 9)])
 def test_an_op_failing_once_leaves_the_optimized_engine_usable(checkpoints, op, after):
     kwargs = dict(block_size=2, num_gpu_blocks=24, preemption_mode="swap", swap_space_blocks=64)
-    llm = O.LLM(checkpoints["llama"], backend=failing_backend(op, after, OPTIMIZED_BACKEND),
+    llm = O.LLM(checkpoints["llama"], backend=failing_backend(op, after, CPU_BACKEND),
                 **kwargs)
     prompts = [{"prompt_token_ids": list(range(3 + i, 12 + i))} for i in range(3)]
     params = R.SamplingParams(n=2, temperature=0.9, seed=1, max_tokens=8, ignore_eos=True)
@@ -115,7 +115,7 @@ def test_a_wrapped_attention_op_keeps_working(checkpoints):
     """A wrapper of the optimized op (functools.wraps, as timers and profilers write them) is
     called with the reference's arguments, whatever its signature, and the tokens are the plain
     tier's: no op is handed a keyword another op could not take."""
-    op = OPTIMIZED_BACKEND.paged_attention
+    op = CPU_BACKEND.paged_attention
     calls = {"strict": 0, "open": 0}
 
     @functools.wraps(op)
@@ -136,6 +136,6 @@ def test_a_wrapped_attention_op_keeps_working(checkpoints):
     plain = O.LLM(checkpoints["llama"], block_size=4).generate(prompts, params, use_tqdm=False)
     for name, wrapper in (("strict", strict), ("open", open_)):
         llm = O.LLM(checkpoints["llama"], block_size=4,
-                    backend=replace(OPTIMIZED_BACKEND, paged_attention=wrapper))
+                    backend=replace(CPU_BACKEND, paged_attention=wrapper))
         assert outputs(llm.generate(prompts, params, use_tqdm=False)) == outputs(plain)
         assert calls[name] > 0

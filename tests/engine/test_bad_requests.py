@@ -108,7 +108,7 @@ def test_bad_engine_arguments(tier, checkpoints, kwargs, message):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(seed="3"), "seed must be an integer"),
-    (dict(backend=None), "backend must be a pagedllm.reference.ops.Backend"),
+    (dict(backend=print), "backend must be a pagedllm.reference.ops.Backend"),
     (dict(backend=print), "got <built-in function print>"),
 ])
 def test_engine_arguments_of_the_wrong_type(tier, checkpoints, kwargs, message):

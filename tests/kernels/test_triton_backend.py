@@ -8,7 +8,7 @@ feed attention its odd shapes (chunks, prefix-cache hits).
 
 import pytest
 
-from pagedllm.kernels.backend import TRITON_BACKEND
+from pagedllm.optimized.backend import INTERPRETED_BACKEND
 from pagedllm.reference import LLM, SamplingParams
 
 from ..conftest import FAMILIES
@@ -33,7 +33,7 @@ def tokens(llm: LLM, prompts=PROMPTS) -> list:
 def test_every_family_gives_the_reference_tokens(checkpoints, family):
     expected = tokens(LLM(checkpoints[family], block_size=8, num_gpu_blocks=32))
     assert tokens(LLM(checkpoints[family], block_size=8, num_gpu_blocks=32,
-                      backend=TRITON_BACKEND)) == expected
+                      backend=INTERPRETED_BACKEND)) == expected
 
 
 @pytest.mark.parametrize("engine_args", [
@@ -44,7 +44,7 @@ def test_chunks_and_prefix_hits_give_the_reference_tokens(checkpoints, engine_ar
     shared = list(range(3, 20))  # two full blocks of 8 shared, then each prompt's own tail
     prompts = [{"prompt_token_ids": shared + [30, 31]}, {"prompt_token_ids": shared + [40]}]
     expected = tokens(LLM(checkpoints["llama3"], block_size=8, num_gpu_blocks=32), prompts)
-    llm = LLM(checkpoints["llama3"], block_size=8, num_gpu_blocks=32, backend=TRITON_BACKEND,
+    llm = LLM(checkpoints["llama3"], block_size=8, num_gpu_blocks=32, backend=INTERPRETED_BACKEND,
               **engine_args)
     assert tokens(llm, prompts) == expected
     assert tokens(llm, prompts) == expected  # the second time, from the prefix cache

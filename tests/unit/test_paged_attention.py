@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from pagedllm.optimized.attention import attend, cpu_paged_attention, plan_attention
-from pagedllm.optimized.backend import OPTIMIZED_BACKEND
+from pagedllm.optimized.backend import CPU_BACKEND
 from pagedllm.reference import ContiguousCache, load_model
 from pagedllm.reference.engine.generate import generate_many
 from pagedllm.reference.kv import BlockSpaceManager, CacheEngine
@@ -91,7 +91,7 @@ def test_store_kv_skips_padding_slots():
     assert torch.isnan(flat[[0, 1, 3, 4, 6, 7]]).all()  # -1 wrote nowhere, not to the last slot
 
 
-@pytest.mark.parametrize("backend", [REFERENCE_BACKEND, OPTIMIZED_BACKEND],
+@pytest.mark.parametrize("backend", [REFERENCE_BACKEND, CPU_BACKEND],
                          ids=["reference", "optimized"])
 def test_cache_engine_swaps_out_in_and_copies_every_layer(backend):
     cache = CacheEngine(2, KV_HEADS, HEAD_DIM, BLOCK, 4, num_cpu_blocks=2, backend=backend)
