@@ -21,7 +21,11 @@ prefix-cache hits, copy-on-write (n > 1 and beam search), a sliding window, ever
 (greedy, top-k, top-p, min_p, seeds, logprobs, tokens blocked by min_tokens; the penalties and
 logit_bias through their own kernel), a head size that is not a power of two, and every
 quantized ``kv_cache_dtype`` (fp8 e4m3 and e5m2, int8, int4: store_kv's quantizing and
-attention's dequantizing paths). Then it calls the launchers directly at shapes of
+attention's dequantizing paths). The lessons' Triton exercises (lessons/exercises: the kernels a
+learner writes for lessons 10 and 13) are compiled too, their solutions at the shapes of their
+tests and of real models: a learner's kernel is otherwise only ever interpreted. They are not
+part of the package: they are loaded from the repository by path, where it has them. Then it
+calls the launchers directly at shapes of
 real models that the tiny checkpoints do not have: heads 64 to 256 wide, flash-decoding's split
 forced on (``num_splits=``) and chosen by the launcher for a 530-token context, wide rows and
 vocabularies (with a structured output's token bitmask: its kernel runs before the sampler's).
@@ -139,6 +143,38 @@ def jit_functions() -> dict[str, object]:
         found.update({name: value for name, value in vars(module).items()
                       if isinstance(value, JITFunction) and value.__module__ == module.__name__})
     return found
+
+
+# The lessons' Triton exercises, by their solutions' file names: loaded by path, under module
+# names of their own (the compile phase finds a recorded kernel again by that name).
+EXERCISES = Path(__file__).resolve().parents[1] / "lessons" / "exercises" / "solutions"
+EXERCISE_MODULE = "lessons.exercises.solutions"
+EXERCISE_FILES = ("triton_paged_attention_exercise", "triton_store_kv_exercise")
+
+
+def exercise_module(stem: str):
+    """One exercise's solution module, imported from its file (once per process)."""
+    import importlib.util
+    name = f"{EXERCISE_MODULE}.{stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXERCISES / f"{stem}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def exercise_kernels() -> dict[str, object]:
+    """The kernels of the lessons' Triton exercises (their solutions), by name; none where the
+    repository's lessons/ is absent (an installed wheel)."""
+    if not EXERCISES.is_dir():
+        return {}
+    kernels = {}
+    for stem in EXERCISE_FILES:
+        module = exercise_module(stem)
+        for name in re.findall(r"kernel_runner\(\s*(\w+)", (EXERCISES / f"{stem}.py").read_text()):
+            kernels[name] = getattr(module, name)
+    return kernels
 
 
 def launched_kernels() -> dict[str, object]:
@@ -487,6 +523,35 @@ def _real_sampling_shapes():
     random_uniform(torch.tensor([1, 2]), torch.tensor([0, 7]), 300)
 
 
+def _exercise_shapes():
+    """The lessons' Triton exercises (their solutions): lesson 10's paged decode and lesson 13's
+    store_kv, at their tests' shapes (fp32, blocks of 4, small heads) and at real models' (bf16
+    and fp16, blocks of 16, heads 128 and 80 wide: 80 pads to 128), with int32 and int64 slots."""
+    import torch
+    attention = exercise_module("triton_paged_attention_exercise")
+    store = exercise_module("triton_store_kv_exercise")
+    shapes = ((torch.float32, 4, 4, 2, 32), (torch.bfloat16, 16, 32, 8, 128),
+              (torch.float16, 16, 8, 8, 80))
+    for dtype, block, heads, kv_heads, head_dim in shapes:
+        seq_lens = torch.tensor([1, block + 3, 3 * block], dtype=torch.int32)
+        need = [-(-int(n) // block) for n in seq_lens]
+        num_blocks = sum(need) + 1
+        k_cache = torch.randn(num_blocks, block, kv_heads, head_dim).to(dtype)
+        v_cache = torch.randn(num_blocks, block, kv_heads, head_dim).to(dtype)
+        tables = torch.zeros(len(need), max(need), dtype=torch.int32)
+        order, used = torch.randperm(num_blocks).to(torch.int32), 0
+        for b, n in enumerate(need):
+            tables[b, :n] = order[used:used + n]
+            used += n
+        q = torch.randn(len(need), heads, head_dim).to(dtype)
+        attention.paged_decode(q, k_cache, v_cache, tables, seq_lens, head_dim ** -0.5)
+        qkv = torch.randn(3, (heads + 2 * kv_heads) * head_dim).to(dtype)  # strided K and V
+        k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(3, kv_heads, head_dim)
+        v = qkv[:, (heads + kv_heads) * head_dim:].view(3, kv_heads, head_dim)
+        for slots in (torch.tensor([0, -1, 5]), torch.tensor([0, -1, 5], dtype=torch.int32)):
+            store.store_kv(k, v, k_cache, v_cache, slots)
+
+
 MATRICES = ("full", "ci", "smoke")
 # A quantized KV cache per format through the engine's chunked prefill (prefills, chunks,
 # prefix-cache hits and decodes), each with another family and model dtype.
@@ -534,6 +599,9 @@ def record_cases(matrix: str = "full") -> list[Case]:
         Case("direct: weight-only quantized products", None,
              _direct(lambda: _quant_linear_shapes(full)), 3.0),
     ]
+    if EXERCISES.is_dir():
+        cases.append(Case("direct: the lessons' Triton exercises (solutions)", None,
+                          _direct(_exercise_shapes), 2.0))
     quantized = ([(kv, family, dtype) for kv, family, _ in QUANTIZED_RUNS for dtype in DTYPES]
                  if full else QUANTIZED_RUNS)
     cases += [Case(f"engine {family} {dtype} kv_cache_dtype {kv}: chunked prefill, prefix-cache "
@@ -619,6 +687,8 @@ def record(matrix: str = "full", jobs: int = 2, workdir: str | None = None) -> l
 def _import_kernel(qualified: str):
     import importlib
     module, name = qualified.split(":")
+    if module.startswith(f"{EXERCISE_MODULE}."):  # a lesson's exercise: not in the package
+        return getattr(exercise_module(module.removeprefix(f"{EXERCISE_MODULE}.")), name)
     return getattr(importlib.import_module(module), name)
 
 

@@ -54,6 +54,9 @@ SOURCE_DIR = os.path.join(os.path.dirname(__file__), "cpu")
 SOURCES = sorted(os.path.join(SOURCE_DIR, name) for name in os.listdir(SOURCE_DIR)
                  if name.endswith(".cpp"))
 ISAS = ("avx512", "avx2", "scalar")  # the kernels' paths, best first (cpu/cpu.h)
+# The path the kernels are capped at (none by default): PAGEDLLM_CPU_ISA for a whole process
+# (to measure another CPU's path), use_isa() inside a block (tests).
+_cap = "avx512"
 
 
 @functools.cache
@@ -68,6 +71,13 @@ def _build():
         reason = f"the CPU kernels did not build ({type(e).__name__}: {first})"
         log.warning("pagedllm: %s; using torch's kernels", reason)
         return None, reason
+    cap = os.environ.get("PAGEDLLM_CPU_ISA")
+    if cap:  # a benchmark of another CPU's path (e.g. avx2 on an AVX-512 machine)
+        if cap not in ISAS:
+            raise ValueError(f"PAGEDLLM_CPU_ISA must be one of {ISAS}, got {cap!r}")
+        global _cap
+        _cap = cap
+        module.set_isa(cap)
     return module, None
 
 
@@ -89,9 +99,6 @@ def cpu_isa() -> str | None:
     """The path the kernels take now (``avx512``, ``avx2``, ``scalar``), None without a build."""
     module, _ = _build()
     return None if module is None else module.isa()
-
-
-_cap = "avx512"  # the path use_isa() caps the kernels at: none by default
 
 
 @contextlib.contextmanager

@@ -43,16 +43,18 @@ from pagedllm.reference.ops import dequantize_kv, kv_cache_format
 
 # --8<-- [start:step_plans]
 class StepPlans:
-    """What a step computes once for all its layers, kept beside one of the step's own tensors.
+    """What a step computes once for all its layers, kept beside a tensor of the step.
 
-    Every layer of a step is handed the same host lengths tensor and the same positions; a
-    value derived from them is computed by the first layer that asks and found by the others.
-    The entry lives as long as that tensor (a weak reference: the next step's tensor starts
-    afresh), and its key holds the other inputs by identity and version, so a tensor changed in
-    place, or another table, is never served a stale value."""
+    Every layer of a step is handed the same host lengths tensor and the same
+    positions; a value derived from them is computed by the first layer that asks and
+    found by the others. The entry lives as long as that tensor (a weak reference: the
+    next step's tensor starts afresh), and its key holds the other inputs by identity
+    and version, so a tensor changed in place, or another table, is never served a
+    stale value."""
 
     def __init__(self):
-        self.entries: dict[int, tuple] = {}  # id(anchor) -> (ref, key, inputs, value)
+        # id(anchor) -> (ref, key, inputs, value)
+        self.entries: dict[int, tuple] = {}
 
     def get(self, anchor: torch.Tensor, inputs: tuple, make):
         key = tuple((id(x), x._version) if isinstance(x, torch.Tensor) else x
@@ -61,7 +63,7 @@ class StepPlans:
         found = self.entries.get(slot)
         if found is None or found[0]() is not anchor or found[1] != key:
             ref = weakref.ref(anchor, lambda _: self.entries.pop(slot, None))
-            # inputs kept alive with the entry: their ids cannot be reused while it stands
+            # inputs kept alive with the entry: no other tensor can take their ids
             found = self.entries[slot] = (ref, key, inputs, make())
         return found[3]
 
@@ -72,16 +74,18 @@ PLANS, TABLES = StepPlans(), StepPlans()
 
 # --8<-- [start:cpu_paged_attention]
 @CpuOp
-def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                        sliding_window=None, kv_cache_dtype="auto", k_scale=None,
+def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                        scale, sliding_window=None, kv_cache_dtype="auto", k_scale=None,
                         v_scale=None) -> torch.Tensor:
-    """The reference op's result, q [T, heads, head_dim] -> [T, heads, head_dim]: a step of
-    decodes over an unquantized cache in the CPU kernel, reading the blocks in place; any other
-    step by the padded batches of its plan (made once per step and window)."""
+    """The reference op's result, q [T, heads, head_dim] -> [T, heads, head_dim]: a
+    step of decodes over an unquantized cache in the CPU kernel, reading the blocks in
+    place; any other step by the padded batches of its plan (once per step and
+    window)."""
     kernels = cpu_kernels()
     if (kernels is not None and kv_cache_dtype == "auto" and k_scale is None
             and q.dtype == k_cache.dtype and q.dtype in FLOATS
-            and q.shape[-1] in (32, 64) and _decodes_only(query_start_loc, q.shape[0])):
+            and q.shape[-1] in (32, 64)
+            and _decodes_only(query_start_loc, q.shape[0])):
         return kernels.paged_decode_attention(  # [S, heads, head_dim]
             q.contiguous(), k_cache, v_cache, block_tables, seq_lens, scale,
             sliding_window or 0)
@@ -94,8 +98,9 @@ def cpu_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start
 
 def _decodes_only(query_start_loc: torch.Tensor, num_rows: int) -> bool:
     """One query row per sequence, and every row a sequence's."""
-    return query_start_loc.numel() == num_rows + 1 and bool(torch.equal(
-        query_start_loc.cpu(), torch.arange(num_rows + 1, dtype=query_start_loc.dtype)))
+    every = torch.arange(num_rows + 1, dtype=query_start_loc.dtype)
+    return query_start_loc.numel() == num_rows + 1 and bool(
+        torch.equal(query_start_loc.cpu(), every))
 # --8<-- [end:cpu_paged_attention]
 
 
@@ -272,9 +277,10 @@ def _decode_attention(queries, keys, values, hidden, scale) -> torch.Tensor:
 @CpuOp
 def cpu_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference op's rotation, bit for bit, with cos/sin computed once per step (and
-    frequency tensor: the runner gives the layers one when their frequencies are equal) where
-    the op recomputes them in every layer; q and k in one pass in the CPU kernel."""
+    """The reference op's rotation, bit for bit, with cos/sin computed once per step
+    (and frequency tensor: the runner gives the layers one when their frequencies are
+    equal) where the op recomputes them in every layer; q and k in one pass in the CPU
+    kernel."""
     cos, sin = TABLES.get(positions, (inv_freq, q.dtype),
                           lambda: rotary_tables(positions, inv_freq, q.dtype))
     rotated = rotary_with_tables(q, k, cos, sin)

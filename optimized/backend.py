@@ -61,20 +61,22 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor,
 TRITON_BACKEND = replace(TRITON_OPS, name="triton", swap_blocks=swap_blocks,
                          process_weights=triton_quantized_linears,
                          attention_context=DeviceAttention, whole_step=CudaGraphs.build)
-# The same kernels in Triton's interpreter, on CPU tensors: the reference's context (host-side
-# lengths) and no graphs.
+# The same kernels in Triton's interpreter, on CPU tensors: the reference's
+# context (host-side lengths) and no graphs.
 INTERPRETED_BACKEND = replace(TRITON_BACKEND, name="triton-interpreter",
                               attention_context=None, whole_step=None)
 
 CPU_BACKEND = Backend(
     name="cpu", store_kv=cpu_ops.store_kv, paged_attention=cpu_paged_attention,
-    copy_blocks=copy_blocks, swap_blocks=swap_blocks_reference, rms_norm=cpu_ops.rms_norm,
-    rotary=cpu_rotary, silu_and_mul=cpu_ops.silu_and_mul, sample=sample,
+    copy_blocks=copy_blocks, swap_blocks=swap_blocks_reference,
+    rms_norm=cpu_ops.rms_norm, rotary=cpu_rotary,
+    silu_and_mul=cpu_ops.silu_and_mul, sample=sample,
     process_weights=pack_linears_for_cpu, whole_step=DecodeStep.for_runner)
 
 
 def select_backend(device: torch.device) -> Backend:
-    """The backend for a model on `device`: decided here, once, when the runner is built."""
+    """The backend for a model on `device`: decided here, once, when the runner is
+    built."""
     if device.type == "cuda":
         return TRITON_BACKEND
     if interpreting():

@@ -6,8 +6,8 @@ Write schedule and update. Check your work with
 
 The scheduler decides, before every step, which sequences run and how many tokens each
 computes, and books their KV blocks through the block manager (yours from milestone 2, or
-any object with its methods). It touches no tensor. The rules are vLLM's (without chunked
-prefill or swapping):
+any object with its methods). It touches no tensor. The rules are vLLM V0's scheduler's (a
+step prefills or decodes; V1 mixes both), without chunked prefill or swapping:
 
 - Continuous batching: the batch is rebuilt every step; a finished sequence's place and
   blocks go to a waiting one at the next step.
@@ -26,11 +26,12 @@ prefill or swapping):
 - A sequence admitted gets blocks for all its tokens, and its num_computed_tokens becomes
   what the block manager reports as cached (prefix caching, milestone 4; 0 before): the
   prefill computes the rest.
-- Preemption by recompute: when a running sequence cannot get a slot for its next token, the
-  latest-arrived running sequence not yet scheduled this step (possibly itself) gives up all
-  its blocks, until the slot is found. A preempted sequence keeps its output tokens, has no
-  K/V any more, and waits at the front of the queue; it will be prefilled again, prompt and
-  outputs together.
+- Preemption by recompute: when a running sequence cannot get a slot for its next token,
+  running sequences not yet scheduled this step (possibly itself) give up all their blocks,
+  one at a time, until the slot is found. Which one gives way is your design (vLLM V0 and the
+  solution: the latest arrival); the tests check that exactly as many as needed give way. A
+  preempted sequence keeps its output tokens, has no K/V any more, and waits at the front of
+  the queue; it will be prefilled again, prompt and outputs together.
 
 한국어:
 엔진 직접 만들기 트랙의 마일스톤 3: 스케줄러(lessons/build/03-scheduler.md).
@@ -41,8 +42,8 @@ schedule과 update를 작성하세요. 다음 명령으로 확인하세요:
 
 스케줄러는 매 스텝 전에 어떤 시퀀스가 실행되고 각각 토큰을 몇 개 계산할지 정하고, 블록
 관리자(마일스톤 2에서 만든 여러분의 것, 또는 같은 메서드를 가진 아무 객체)를 통해 그 시퀀스들의 KV
-블록을 잡아 둡니다. 텐서는 건드리지 않습니다. 규칙은 vLLM의 것입니다(청크 프리필과 스왑은
-없습니다):
+블록을 잡아 둡니다. 텐서는 건드리지 않습니다. 규칙은 vLLM V0 스케줄러의 것입니다(한 스텝이
+프리필이거나 디코드입니다. V1은 둘을 섞습니다. 청크 프리필과 스왑은 없습니다):
 
 - 연속 배치(continuous batching): 배치는 스텝마다 새로 짜입니다. 끝난 시퀀스의 자리와 블록은 다음
   스텝에서 대기 중인 시퀀스에 돌아갑니다.
@@ -61,8 +62,9 @@ schedule과 update를 작성하세요. 다음 명령으로 확인하세요:
   캐시되었다고 보고하는 값이 됩니다(프리픽스 캐싱, 마일스톤 4. 그 전에는 0): 나머지는 프리필이
   계산합니다.
 - 재계산에 의한 선점(preemption): 실행 중인 시퀀스가 다음 토큰의 슬롯을 얻지 못하면, 이번 스텝에서
-  아직 스케줄되지 않은 실행 중 시퀀스 가운데 가장 늦게 도착한 시퀀스(자기 자신일 수도 있습니다)가
-  블록을 모두 내놓으며, 슬롯을 찾을 때까지 이를 되풀이합니다. 선점된 시퀀스는 출력 토큰을
+  아직 스케줄되지 않은 실행 중 시퀀스(자기 자신일 수도 있습니다)가 하나씩 블록을 모두 내놓으며,
+  슬롯을 찾을 때까지 이를 되풀이합니다. 누가 양보할지는 여러분이 설계합니다(vLLM V0와 해답: 가장
+  늦게 도착한 시퀀스). 테스트는 꼭 필요한 만큼만 양보하는지 확인합니다. 선점된 시퀀스는 출력 토큰을
   유지하지만 K/V는 더 이상 없으며, 큐의 맨 앞에서 기다립니다. 그 시퀀스는 프롬프트와 출력을 함께
   다시 프리필합니다.
 """

@@ -143,6 +143,7 @@ def test_a_block_handed_out_again_is_forgotten(impl, parts):
 
 
 def test_the_shared_prefix_goes_last(impl, parts):
+    """Which free block goes out is the learner's design: only the outcome is checked."""
     bm = parts.BlockManager(6, BS, impl.PrefixCache(BS))
     a = tokens(0, 13)  # blocks: 3 full and registered, 1 partial
     computed(bm, 0, a)
@@ -151,12 +152,13 @@ def test_the_shared_prefix_goes_last(impl, parts):
     bm.free(1)
     bm.allocate(2, 13, a)
     assert bm.num_cached_tokens(2) == 8, (
-        f"{bm.num_cached_tokens(2)} tokens found, 8 expected: free a sequence's blocks last "
-        "block first, and hand out the least recently freed first, so that the tail of a "
-        "prompt is reused before its start, which more requests share"
-        f"\n찾은 토큰 {bm.num_cached_tokens(2)}개, 기대값 8개: 시퀀스의 블록은 마지막 블록부터 "
-        "해제하고, 가장 오래전에 해제된 블록부터 나눠 주세요. 그래야 프롬프트의 끝부분이, 더 많은 "
-        "요청이 공유하는 앞부분보다 먼저 다시 쓰입니다")
+        f"{bm.num_cached_tokens(2)} tokens found, 8 expected: the blocks your policy hands out "
+        "must take a prompt's tail before its start, which more requests share (the "
+        "solution: free a sequence's blocks last block first, hand out the least recently "
+        "freed first)"
+        f"\n찾은 토큰 {bm.num_cached_tokens(2)}개, 기대값 8개: 여러분의 정책은 더 많은 요청이 "
+        "공유하는 프롬프트의 앞부분보다 끝부분을 먼저 내줘야 합니다(해답: 시퀀스의 블록은 마지막 "
+        "블록부터 해제하고, 가장 오래전에 해제된 블록부터 나눠 줍니다)")
 
 
 def test_the_scheduler_skips_cached_tokens(impl, parts):

@@ -124,8 +124,24 @@ def test_seq_budget(impl, parts):
     assert plan(outs[0]) == [(0, 2), (1, 2), (2, 2)]
 
 
+def preempted_as_recompute(s, bm, out, victim) -> None:
+    """A sequence preempted by recompute: no blocks, no K/V, its outputs kept, first in line."""
+    assert victim.status == WAITING and s.waiting[0] is victim and victim not in s.running, (
+        f"sequence {victim.arrival} was preempted: it waits first in the queue, not running"
+        f"\n시퀀스 {victim.arrival}은 선점되었습니다: 실행 목록이 아니라 큐의 맨 앞에서 기다립니다")
+    assert victim.num_computed_tokens == 0 and victim.output_token_ids == [TOKEN], (
+        "preempted by recompute: no K/V left, but the tokens it generated stay"
+        "\n재계산으로 선점됨: K/V는 남지 않지만, 생성한 토큰은 그대로 남습니다")
+    refuses(ValueError, f"preempted by recompute, sequence {victim.arrival} gives all its "
+            "blocks back", bm.block_table, victim.seq_id)
+    assert all(item.seq is not victim for item in out.scheduled), (
+        f"sequence {victim.arrival} is both scheduled and preempted in one step"
+        f"\n시퀀스 {victim.arrival}이 한 스텝에서 스케줄되고 선점되기도 했습니다")
+
+
 def test_preemption_in_a_pool_one_block_too_small(impl, parts):
-    """Two sequences that each end up holding 2 blocks, in a pool of 3."""
+    """Two sequences that each end up holding 2 blocks, in a pool of 3. Which one gives way is
+    your scheduler's choice; one of them must, and only one."""
     bm = parts.BlockManager(3, 4)
     s = impl.Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     a, b = make(0, 4, 5), make(1, 4, 5)
@@ -133,41 +149,57 @@ def test_preemption_in_a_pool_one_block_too_small(impl, parts):
     s.add(b)
     finish_step(s, s.schedule())  # both prefill: one block each, both full
     out = s.schedule()  # both need a new block; one is left
-    assert plan(out) == [(0, 1)] and out.preempted == [b], (
-        f"scheduled {plan(out)}, preempted {[q.arrival for q in out.preempted]}: sequence 0 "
-        "takes the last block; sequence 1, the latest arrival, gives its blocks up"
-        f"\n스케줄 {plan(out)}, 선점 {[q.arrival for q in out.preempted]}: 시퀀스 0이 마지막 "
-        "블록을 가져가고, 가장 늦게 도착한 시퀀스 1이 블록을 내놓습니다")
-    assert b.status == WAITING and s.waiting[0] is b and b not in s.running
-    assert b.num_computed_tokens == 0 and b.output_token_ids == [TOKEN], (
-        "preempted by recompute: no K/V left, but the tokens it generated stay"
-        "\n재계산으로 선점됨: K/V는 남지 않지만, 생성한 토큰은 그대로 남습니다")
-    refuses(ValueError, "preempted by recompute, sequence 1 gives all its blocks back",
-            bm.block_table, b.seq_id)
+    assert len(out.preempted) == 1, (
+        f"preempted {[q.arrival for q in out.preempted]}: one block is free and both need one, "
+        "so exactly one sequence gives its blocks up (preempt only until the slot is found)"
+        f"\n선점 {[q.arrival for q in out.preempted]}: 빈 블록은 하나, 둘 다 하나씩 필요하므로 "
+        "꼭 한 시퀀스만 블록을 내놓습니다(슬롯을 찾을 때까지만 선점합니다)")
+    victim = out.preempted[0]
+    other = a if victim is b else b
+    assert plan(out) == [(other.arrival, 1)], (
+        f"scheduled {plan(out)}: sequence {other.arrival} takes the freed block and decodes"
+        f"\n스케줄 {plan(out)}: 시퀀스 {other.arrival}이 풀린 블록을 받아 디코드합니다")
+    preempted_as_recompute(s, bm, out, victim)
     assert s.num_preemptions == 1
     finish_step(s, out)
     outs = run(s, [])
-    readmit = next(item for o in outs for item in o.scheduled if item.seq is b)
-    assert readmit.num_tokens == 5, ("re-admitted, sequence 1 computes its prompt and its "
-                                     f"output again: 5 tokens, not {readmit.num_tokens}"
-                                     "\n다시 받아들여진 시퀀스 1은 프롬프트와 출력을 다시 "
-                                     "계산합니다: 토큰 5개여야 합니다(결과: "
+    readmit = next(item for o in outs for item in o.scheduled if item.seq is victim)
+    assert readmit.num_tokens == 5, (f"re-admitted, sequence {victim.arrival} computes its "
+                                     "prompt and its output again: 5 tokens, not "
+                                     f"{readmit.num_tokens}"
+                                     f"\n다시 받아들여진 시퀀스 {victim.arrival}은 프롬프트와 "
+                                     "출력을 다시 계산합니다: 토큰 5개여야 합니다(결과: "
                                      f"{readmit.num_tokens})")
 
 
-def test_the_latest_arrival_gives_way(impl, parts):
+def test_one_sequence_gives_way(impl, parts):
+    """Sequence 0 needs a block and none is free; 1, 2 and 3 have room in theirs. Your policy
+    picks who gives way (possibly 0 itself): one sequence, and every other one decodes."""
     bm = parts.BlockManager(4, 2)
     s = impl.Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
-    for seq in [make(0, 2, 3), make(1, 1, 3), make(2, 1, 3), make(3, 1, 3)]:
+    seqs = [make(0, 2, 3), make(1, 1, 3), make(2, 1, 3), make(3, 1, 3)]
+    for seq in seqs:
         s.add(seq)  # one block each: the pool is full
     finish_step(s, s.schedule())
-    out = s.schedule()  # 0's block is full; 1, 2 and 3 have room in theirs
+    out = s.schedule()
     got = ([q.arrival for q in out.preempted], plan(out))
-    assert got == ([3], [(0, 1), (1, 1), (2, 1)]), (
-        f"preempted {got[0]}, ran {got[1]}: sequence 0 needs a block and none is free; the "
-        "latest arrival (3) gives its block up, although it needed none itself"
-        f"\n선점 {got[0]}, 실행 {got[1]}: 시퀀스 0에 블록이 필요한데 빈 블록이 없습니다. 가장 "
-        "늦게 도착한 시퀀스(3)가, 자신은 블록이 필요 없었는데도 블록을 내놓습니다")
+    assert len(out.preempted) == 1, (
+        f"preempted {got[0]}, ran {got[1]}: one block frees the slot sequence 0 needs, so one "
+        "sequence gives way"
+        f"\n선점 {got[0]}, 실행 {got[1]}: 블록 하나면 시퀀스 0에 필요한 슬롯이 생기므로, 한 "
+        "시퀀스만 양보합니다")
+    victim = out.preempted[0]
+    others = sorted(q.arrival for q in seqs if q is not victim)
+    assert sorted(got[1]) == [(arrival, 1) for arrival in others], (
+        f"ran {got[1]}: every running sequence but the one preempted decodes one token"
+        f"\n실행 {got[1]}: 선점된 시퀀스 말고는 실행 중인 모든 시퀀스가 토큰 하나를 디코드합니다")
+    for item in out.scheduled:
+        assert bm.num_tokens(item.seq.seq_id) == len(item.seq), (
+            f"sequence {item.seq.arrival} runs without the slot of its next token"
+            f"\n시퀀스 {item.seq.arrival}이 다음 토큰의 슬롯 없이 실행됩니다")
+    preempted_as_recompute(s, bm, out, victim)
+    finish_step(s, out)
+    run(s, [])
 
 
 def test_random_workloads_finish(impl, parts):

@@ -22,13 +22,16 @@ per head; tiled reads K/V once and keeps the rest on chip. Both read the same K/
 
     .venv/bin/python lessons/figures/attention_traffic.py    # under a second
 
-It writes attention_traffic.json (every number) and attention_traffic.png next to itself, and
+It writes attention_traffic.json (every number), attention_traffic.png and its Korean edition
+attention_traffic.ko.png (figlang.py) next to itself, and
 prints the table the lesson quotes. Times are bytes / 3.35 TB/s (H100 SXM) and FLOPs /
 990 TFLOP/s: floors, not measurements.
 """
 
 import json
 from pathlib import Path
+
+import figlang
 
 HERE = Path(__file__).resolve().parent
 HEADS, KV_HEADS, HEAD_DIM, BYTES = 32, 8, 128, 2  # Llama-3-8B, bf16
@@ -93,41 +96,45 @@ def compute() -> dict:
             "rows": rows}
 
 
-def draw(res: dict, path: Path) -> None:
+def draw(res: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    T = figlang.chooser(lang)
     rows = res["rows"]
     n = [r["context"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     mib = 2**20
     left.plot(n, [r["prefill_naive"] / mib for r in rows], "o-", color="#c53030",
-              label="naive: S and P through HBM")
+              label=T("naive: S and P through HBM", "단순: S와 P가 HBM을 거침"))
     left.plot(n, [r["prefill_tiled_every_tile"] / mib for r in rows], "s-", color="#2b6cb0",
-              label="tiled: every K/V tile from HBM")
+              label=T("tiled: every K/V tile from HBM", "타일링: K/V 타일마다 HBM에서"))
     left.plot(n, [r["prefill_tiled_kv_once"] / mib for r in rows], "^-", color="#2f855a",
-              label="tiled: K/V from HBM once")
-    left.set_title("prefill of N tokens, one layer", fontsize=11)
+              label=T("tiled: K/V from HBM once", "타일링: K/V를 HBM에서 한 번"))
+    left.set_title(T("prefill of N tokens, one layer", "토큰 N개의 프리필, 레이어 하나"),
+                   fontsize=11)
     right.plot(n, [r["decode_naive"] / mib for r in rows], "o-", color="#c53030",
-               label="naive")
+               label=T("naive", "단순"))
     right.plot(n, [r["decode_tiled"] / mib for r in rows], "^--", color="#2f855a",
-               label="tiled")
-    right.set_title("decode: one query at context N, one layer", fontsize=11)
+               label=T("tiled", "타일링"))
+    right.set_title(T("decode: one query at context N, one layer",
+                      "디코드: 컨텍스트 N에서 쿼리 하나, 레이어 하나"), fontsize=11)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(n, [str(x) for x in n])
-        ax.set_xlabel("context N (tokens)")
-        ax.set_ylabel("bytes moved (MiB)")
+        ax.set_xlabel(T("context N (tokens)", "컨텍스트 N (토큰)"))
+        ax.set_ylabel(T("bytes moved (MiB)", "옮긴 바이트 (MiB)"))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     right.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     right.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     right.set_yticks([2, 4, 8, 16, 32])
-    fig.suptitle("Llama-3-8B attention (32 query heads, 8 K/V heads, head_dim 128, bf16)",
+    fig.suptitle(T("Llama-3-8B attention (32 query heads, 8 K/V heads, head_dim 128, bf16)",
+                   "Llama-3-8B 어텐션 (쿼리 헤드 32개, K/V 헤드 8개, head_dim 128, bf16)"),
                  fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -137,7 +144,7 @@ def draw(res: dict, path: Path) -> None:
 def main() -> None:
     res = compute()
     (HERE / "attention_traffic.json").write_text(json.dumps(res, indent=1) + "\n")
-    draw(res, HERE / "attention_traffic.png")
+    figlang.draw_both(draw, HERE / "attention_traffic.png", res)
     mib = 2**20
     print("per layer, MiB   prefill: naive / every tile / K/V once   decode: naive / tiled")
     for r in res["rows"]:

@@ -22,7 +22,8 @@ runs produce the same tokens, then draws one row per request and one column per 
   admits prompts decodes nothing), and, in static batching, finished but still holding its row
   and its memory until the whole batch is done.
 
-It writes batching_timeline.png and batching_timeline.json next to itself and prints a summary.
+It writes batching_timeline.png, its Korean edition batching_timeline.ko.png (figlang.py) and
+batching_timeline.json next to itself and prints a summary.
 
     .venv/bin/python lessons/figures/batching_timeline.py     # a few seconds
 """
@@ -31,6 +32,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.engine.llm import LLM
@@ -55,6 +57,13 @@ STATES = {  # state -> (label, face colour, hatch)
     "waiting": ("waiting in the queue", "#e2e2e2", None),
     "stalled": ("running, skipped: this step only prefills new prompts", "#fff3c4", "..."),
     "padding": ("finished, still holding its row (padding)", "#f4b6b6", "///"),
+}
+STATES_KO = {  # the Korean edition's legend
+    "prefill": "프리필 (프롬프트 계산)",
+    "decode": "디코드 (새 토큰 하나)",
+    "waiting": "큐에서 대기",
+    "stalled": "실행 중이지만 건너뜀: 이 스텝은 새 프롬프트만 프리필",
+    "padding": "끝났지만 행을 계속 차지 (패딩)",
 }
 
 
@@ -144,12 +153,11 @@ def summary(res: dict) -> dict:
     }
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(results: dict, path: Path, lang: str = "en") -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
+
+    T = figlang.chooser(lang)
 
     n_steps = max(len(r["steps"]) for r in results.values())
     fig, axes = plt.subplots(2, 1, figsize=(12, 7.6), sharex=True)
@@ -170,24 +178,34 @@ def plot(results: dict, path: Path) -> None:
         s = summary(res)
         ax.axvline(s["steps"], color="black", linestyle="--", linewidth=1)
         ax.text(s["steps"] + 0.3, len(names) - 1,
-                f"all done after {s['steps']} steps", fontsize=10, va="center")
-        labels = [f"{name}: prompt {PROMPT_LENS[i]}, output {OUTPUT_LENS[i]}"
+                T(f"all done after {s['steps']} steps", f"{s['steps']} 스텝 뒤 모두 끝남"),
+                fontsize=10, va="center")
+        labels = [T(f"{name}: prompt {PROMPT_LENS[i]}, output {OUTPUT_LENS[i]}",
+                    f"{name}: 프롬프트 {PROMPT_LENS[i]}, 출력 {OUTPUT_LENS[i]}")
                   for i, name in enumerate(names)]
         ax.set_yticks(range(len(names)), labels, fontsize=9)
         ax.set_ylim(len(names) - 0.5, -0.5)
-        title = {"static": "static (request-level) batching: batches of 4, each run until its "
-                           "longest member ends",
-                 "continuous": "continuous (iteration-level) batching: the batch is rebuilt "
-                               "every step, at most 4 running"}[mode]
-        ax.set_title(f"{title}\nmean finish step {s['mean_finish_step']:.1f}; "
-                     f"{s['token_rows_padding']} of "
-                     f"{s['token_rows_useful'] + s['token_rows_padding']} computed token rows "
-                     f"are padding", fontsize=10.5, loc="left")
+        title = {"static": T("static (request-level) batching: batches of 4, each run until "
+                             "its longest member ends",
+                             "정적(요청 단위) 배치: 4개씩 묶은 배치를 가장 긴 요청이 끝날 때까지 "
+                             "실행"),
+                 "continuous": T("continuous (iteration-level) batching: the batch is rebuilt "
+                                 "every step, at most 4 running",
+                                 "연속(반복 단위) 배치: 배치를 스텝마다 다시 구성, 최대 4개 "
+                                 "실행")}[mode]
+        pad, rows = s["token_rows_padding"], s["token_rows_useful"] + s["token_rows_padding"]
+        mean = f"{s['mean_finish_step']:.1f}"
+        ax.set_title(T(f"{title}\nmean finish step {mean}; {pad} of {rows} computed token rows "
+                       "are padding",
+                       f"{title}\n평균 종료 스텝 {mean}; 계산한 토큰 행 {rows}개 중 {pad}개가 "
+                       "패딩"), fontsize=10.5, loc="left")
     axes[-1].set_xlim(0, n_steps + 9)
-    axes[-1].set_xlabel("engine step (one call of LLMEngine.step())   |  marks the step a "
-                        "request finishes")
-    handles = [Patch(facecolor=c, hatch=h, edgecolor="#888888", label=label)
-               for label, c, h in STATES.values()]
+    axes[-1].set_xlabel(T("engine step (one call of LLMEngine.step())   |  marks the step a "
+                          "request finishes",
+                          "엔진 스텝 (LLMEngine.step() 호출 한 번)   |  표시는 요청이 끝나는 "
+                          "스텝"))
+    handles = [Patch(facecolor=c, hatch=h, edgecolor="#888888", label=T(label, STATES_KO[key]))
+               for key, (label, c, h) in STATES.items()]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=130)
@@ -211,7 +229,7 @@ def main() -> None:
            "modes": {mode: {"summary": summary(res), "steps": res["steps"]}
                      for mode, res in results.items()}}
     (HERE / "batching_timeline.json").write_text(json.dumps(out, indent=1))
-    plot(results, HERE / "batching_timeline.png")
+    figlang.draw_both(plot, HERE / "batching_timeline.png", results)
     for mode in MODES:
         s = out["modes"][mode]["summary"]
         print(f"{mode:10}  steps {s['steps']:3}  mean finish step {s['mean_finish_step']:5.1f}  "

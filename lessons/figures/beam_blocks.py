@@ -21,8 +21,8 @@ steps, as the paper averages memory over a serving run). The same search runs ag
 of 16 slots, and with widths 2, 4 and 6 for the JSON. The script checks that a second run
 gives the same beams, that blocks of 16 give the same beams as blocks of 4 (the layout never
 changes a result), that nothing leaked, and that the held count never exceeds the sum of the
-tables. It writes beam_blocks.png and beam_blocks.json
-next to itself.
+tables. It writes beam_blocks.png, its Korean edition beam_blocks.ko.png (figlang.py) and
+beam_blocks.json next to itself.
 
     .venv/bin/python lessons/figures/beam_blocks.py     # about 10 seconds
 """
@@ -33,6 +33,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.engine.beam_search import BeamSearchParams
@@ -98,13 +99,14 @@ def search(model_dir: str, width: int, block_size: int) -> dict:
     }
 
 
-def draw(main: dict, other: dict, path: Path) -> None:
+def draw(main: dict, other: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    T = figlang.chooser(lang)
     fig = plt.figure(figsize=(13, 9.6))
     grid = fig.add_gridspec(2, 2, height_ratios=[1.05, 1], width_ratios=[1, 1.15],
                             hspace=0.42, wspace=0.24)
@@ -115,52 +117,67 @@ def draw(main: dict, other: dict, path: Path) -> None:
     held = [s["held"] for s in steps]
     unshared = [s["without_sharing"] for s in steps]
     ax.fill_between(x, held, unshared, step="mid", color=UNSHARED, alpha=0.12,
-                    label="saved by sharing")
+                    label=T("saved by sharing", "공유로 아낀 블록"))
     ax.step(x, unshared, where="mid", color=UNSHARED, lw=2,
-            label="sum of the beams' block tables (each beam stores its own copy)")
+            label=T("sum of the beams' block tables (each beam stores its own copy)",
+                    "빔 블록 테이블의 합 (빔마다 제 사본을 저장할 때)"))
     ax.step(x, held, where="mid", color=HELD, lw=2.2,
-            label="blocks held in the pool (fork + copy-on-write)")
+            label=T("blocks held in the pool (fork + copy-on-write)",
+                    "풀에서 보유한 블록 (포크 + 쓰기 시 복사)"))
     prompt_blocks = -(-len(PROMPT) // BLOCK_SIZE)
     ax.axhline(prompt_blocks, color="#888888", ls=":", lw=1)
-    ax.text(MAX_TOKENS - 0.5, prompt_blocks + 0.6, f"the prompt alone: {prompt_blocks} blocks",
+    ax.text(MAX_TOKENS - 0.5, prompt_blocks + 0.6,
+            T(f"the prompt alone: {prompt_blocks} blocks", f"프롬프트만: 블록 {prompt_blocks}개"),
             ha="right", fontsize=9, color="#555555")
     last = steps[-1]
-    ax.annotate(f"{last['held']} held\nvs {last['without_sharing']}",
+    ax.annotate(T(f"{last['held']} held\nvs {last['without_sharing']}",
+                  f"보유 {last['held']}개\n대 {last['without_sharing']}개"),
                 (last["step"], last["held"]), xytext=(-70, 38), textcoords="offset points",
                 fontsize=10, color=HELD, arrowprops=dict(arrowstyle="->", color=HELD))
     ax.set_xlim(-0.8, MAX_TOKENS)
     ax.set_ylim(0, max(unshared) * 1.12)
-    ax.set_xlabel("beam-search step (one new token per beam)")
-    ax.set_ylabel(f"KV blocks of {BLOCK_SIZE} slots")
-    ax.set_title(f"Beam width {WIDTH}, prompt of {len(PROMPT)} tokens, {MAX_TOKENS} new tokens: "
-                 f"{main['saving_pct']:.1f} % of the blocks saved over the whole search "
-                 f"({main['cow_copies']} copy-on-write copies)", loc="left", fontsize=11.5)
+    ax.set_xlabel(T("beam-search step (one new token per beam)",
+                    "빔 서치 스텝 (빔마다 새 토큰 하나)"))
+    ax.set_ylabel(T(f"KV blocks of {BLOCK_SIZE} slots", f"슬롯 {BLOCK_SIZE}개짜리 KV 블록"))
+    saving, copies = f"{main['saving_pct']:.1f}", main["cow_copies"]
+    ax.set_title(T(f"Beam width {WIDTH}, prompt of {len(PROMPT)} tokens, {MAX_TOKENS} new "
+                   f"tokens: {saving} % of the blocks saved over the whole search "
+                   f"({copies} copy-on-write copies)",
+                   f"빔 폭 {WIDTH}, 프롬프트 {len(PROMPT)}토큰, 새 토큰 {MAX_TOKENS}개: 서치 "
+                   f"전체에서 블록의 {saving} %를 아낌 (쓰기 시 복사 {copies}번)"),
+                 loc="left", fontsize=11.5)
     ax.legend(loc="upper left", fontsize=9.5, framealpha=0.95)
 
     ax = fig.add_subplot(grid[1, 0])
-    for res, color, label in ((main, HELD, f"blocks of {BLOCK_SIZE}"),
-                              (other, "#d97706", f"blocks of {OTHER_BLOCK_SIZE}")):
+    for res, color, label in ((main, HELD, T(f"blocks of {BLOCK_SIZE}", f"블록 크기 {BLOCK_SIZE}")),
+                              (other, "#d97706", T(f"blocks of {OTHER_BLOCK_SIZE}",
+                                                   f"블록 크기 {OTHER_BLOCK_SIZE}"))):
         ss = res["steps"]
         ax.plot([s["step"] for s in ss],
                 [100 * (1 - s["held"] / s["without_sharing"]) for s in ss], color=color, lw=1.8,
-                label=f"{label}: {res['saving_pct']:.1f} % over the search")
+                label=T(f"{label}: {res['saving_pct']:.1f} % over the search",
+                        f"{label}: 서치 전체에서 {res['saving_pct']:.1f} %"))
     lo, hi = PAPER_ALPACA_BEAM
     ax.axhspan(lo, hi, color="#2f855a", alpha=0.14,
-               label=f"the paper's range, Alpaca, OPT-13B: {lo}–{hi} %")
+               label=T(f"the paper's range, Alpaca, OPT-13B: {lo}–{hi} %",
+                       f"논문의 범위, Alpaca, OPT-13B: {lo}–{hi} %"))
     ax2 = ax.twinx()
     ax2.step(x, [s["common_generated_tokens"] for s in steps], where="mid", color="#718096",
              lw=1.3, ls="--")
-    ax2.set_ylabel("generated tokens that all beams share", color="#4a5568", fontsize=9.5,
+    ax2.set_ylabel(T("generated tokens that all beams share", "모든 빔이 공유하는 생성 토큰"),
+                   color="#4a5568", fontsize=9.5,
                    labelpad=8)
     ax2.set_ylim(0, MAX_TOKENS * 1.25)
     ax.plot([], [], color="#718096", lw=1.3, ls="--",
-            label="generated tokens all beams share (right axis)")
+            label=T("generated tokens all beams share (right axis)",
+                    "모든 빔이 공유하는 생성 토큰 (오른쪽 축)"))
     ax.set_ylim(0, 125)
     ax.set_yticks(range(0, 101, 20))
     ax.set_xlim(-0.8, MAX_TOKENS)
-    ax.set_xlabel("beam-search step")
-    ax.set_ylabel("blocks saved, % of the sum of the tables")
-    ax.set_title(f"Saving per step, width {WIDTH}", loc="left", fontsize=11)
+    ax.set_xlabel(T("beam-search step", "빔 서치 스텝"))
+    ax.set_ylabel(T("blocks saved, % of the sum of the tables", "아낀 블록, 테이블 합의 %"))
+    ax.set_title(T(f"Saving per step, width {WIDTH}", f"스텝별 절약, 폭 {WIDTH}"), loc="left",
+                 fontsize=11)
     ax.legend(loc="upper left", fontsize=8.5, framealpha=0.95)
 
     ax = fig.add_subplot(grid[1, 1])
@@ -174,19 +191,23 @@ def draw(main: dict, other: dict, path: Path) -> None:
             ax.add_patch(Rectangle((col, y), 0.92, 0.8, facecolor=color, edgecolor="white"))
             ax.text(col + 0.46, y + 0.4, str(block), ha="center", va="center", fontsize=8.5,
                     color="white", fontweight="bold")
-        ax.text(-0.3, y + 0.4, f"beam {row}", ha="right", va="center", fontsize=10,
+        ax.text(-0.3, y + 0.4, T(f"beam {row}", f"빔 {row}"), ha="right", va="center", fontsize=10,
                 color=BEAM_COLORS[row], fontweight="bold")
     ax.set_xlim(-1.9, n_cols + 0.2)
     ax.set_ylim(-1.3, len(tables) + 0.2)
     ax.axis("off")
-    ax.set_title(f"The {WIDTH} beams' block tables at the last step (physical block ids;\n"
-                 "beam 0 is the best so far, the last column is where each writes now)",
+    ax.set_title(T(f"The {WIDTH} beams' block tables at the last step (physical block ids;\n"
+                   "beam 0 is the best so far, the last column is where each writes now)",
+                   f"마지막 스텝에서 빔 {WIDTH}개의 블록 테이블 (물리 블록 번호;\n"
+                   "빔 0이 지금까지 가장 좋은 빔, 마지막 열은 각 빔이 지금 쓰는 곳)"),
                  loc="left", fontsize=11)
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor="#6b46c1", label=f"shared by all {WIDTH} beams"),
-               Patch(facecolor="#b794f4", label="shared by some"),
-               Patch(facecolor="#a0aec0", label="the beam's own (beam colour)")]
+    handles = [Patch(facecolor="#6b46c1", label=T(f"shared by all {WIDTH} beams",
+                                                  f"빔 {WIDTH}개가 모두 공유")),
+               Patch(facecolor="#b794f4", label=T("shared by some", "일부가 공유")),
+               Patch(facecolor="#a0aec0", label=T("the beam's own (beam colour)",
+                                                  "그 빔만의 블록 (빔 색)"))]
     ax.legend(handles=handles, loc="lower center", ncol=3, fontsize=8.5, frameon=False,
               bbox_to_anchor=(0.45, -0.02))
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -231,7 +252,7 @@ def main() -> None:
                                      "ref_counts")} for s in main_run["steps"]],
     }
     (HERE / "beam_blocks.json").write_text(json.dumps(out, indent=1))
-    draw(main_run, other, HERE / "beam_blocks.png")
+    figlang.draw_both(draw, HERE / "beam_blocks.png", main_run, other)
     s = main_run["steps"]
     print(f"width {WIDTH}, prompt {len(PROMPT)} tokens, {MAX_TOKENS} new tokens, blocks of "
           f"{BLOCK_SIZE}: {len(s)} model calls")

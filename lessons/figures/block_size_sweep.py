@@ -13,11 +13,13 @@ It plots, against the block size:
   request's last block), in % of the KV memory;
 - token states: slots that hold a token's K/V, in % of the KV memory,
 
-averaged over the steps in which requests wait for memory, and writes block_size_sweep.png and
-block_size_sweep.json (every number, plus the mean number of requests running at once).
+averaged over the steps in which requests wait for memory, and writes block_size_sweep.png, its
+Korean edition block_size_sweep.ko.png (figlang.py) and block_size_sweep.json (every number,
+plus the mean number of requests running at once).
 
     .venv/bin/python lessons/figures/block_size_sweep.py           # about 15 s on one core
     .venv/bin/python lessons/figures/block_size_sweep.py --quick   # the benchmark's --quick traces
+    .venv/bin/python lessons/figures/block_size_sweep.py --plot-only   # redraw from the .json
 """
 
 import argparse
@@ -25,6 +27,8 @@ import importlib.util
 import json
 import time
 from pathlib import Path
+
+import figlang
 
 from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.sim.simulator import simulate
@@ -84,22 +88,25 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def draw(res: dict, path: Path) -> None:
+def draw(res: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     sizes = res["config"]["block_sizes"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
-    panels = (("internal", "internal fragmentation (% of KV memory)"),
-              ("token_states", "token states (% of KV memory)"))
+    panels = (("internal", T("internal fragmentation (% of KV memory)",
+                             "내부 단편화 (KV 메모리의 %)")),
+              ("token_states", T("token states (% of KV memory)", "토큰 상태 (KV 메모리의 %)")))
     for ax, (key, ylabel) in zip(axes, panels, strict=True):
         for name, data in res["workloads"].items():
             ys = [data["block_sweep"][str(b)]["percent"][key] for b in sizes]
             n = data["trace"]["num_requests"]
             ax.plot(sizes, ys, "o-", color=COLORS[name], lw=2, ms=5,
-                    label=f"{WORKLOADS[name].name} ({n:,} requests)")
+                    label=T(f"{WORKLOADS[name].name} ({n:,} requests)",
+                            f"{WORKLOADS[name].name.replace('-like', ' 유사')} (요청 {n:,}개)"))
             for b, y in zip(sizes, ys, strict=True):
                 if b in (16, 256):
                     above = key == "internal" or (name == "sharegpt" and b == 16)
@@ -107,12 +114,13 @@ def draw(res: dict, path: Path) -> None:
                                 xytext=(-6, 7 if above else -15), ha="right", fontsize=9,
                                 color=COLORS[name], fontweight="bold")
         ax.axvline(16, color="#555555", ls="--", lw=1)
-        ax.text(16 * 1.08, 0.03 if key == "token_states" else 0.97, "vLLM's default: 16",
+        ax.text(16 * 1.08, 0.03 if key == "token_states" else 0.97,
+                T("vLLM's default: 16", "vLLM의 기본값: 16"),
                 transform=ax.get_xaxis_transform(), fontsize=8.5, color="#555555",
                 va="bottom" if key == "token_states" else "top")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
-        ax.set_xlabel("block size (tokens)")
+        ax.set_xlabel(T("block size (tokens)", "블록 크기 (토큰)"))
         ax.set_ylabel(ylabel)
         if key == "token_states":
             ax.set_ylim(0, 105)
@@ -124,8 +132,10 @@ def draw(res: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(loc="upper left", bbox_to_anchor=(0.0, 0.9), fontsize=9, frameon=False)
     cfg = res["config"]
-    fig.suptitle(f"Paged allocation: bigger blocks waste more of their last block "
-                 f"({cfg['model'].upper()}, {cfg['total_slots']:,} KV slots, synthetic traces)",
+    setting = T(f"{cfg['model'].upper()}, {cfg['total_slots']:,} KV slots, synthetic traces",
+                f"{cfg['model'].upper()}, KV 슬롯 {cfg['total_slots']:,}개, 합성 트레이스")
+    fig.suptitle(T(f"Paged allocation: bigger blocks waste more of their last block ({setting})",
+                   f"페이징 할당: 블록이 클수록 마지막 블록에서 더 많이 낭비한다 ({setting})"),
                  fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -137,13 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the benchmark's smaller traces")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "block_size_sweep.png")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw both editions from the .json beside --out, measuring nothing")
     args = parser.parse_args(argv)
+    json_path = args.out.with_suffix(".json")
+    if args.plot_only:
+        for path in figlang.draw_both(draw, args.out, json.loads(json_path.read_text())):
+            print(f"wrote {path}")
+        return 0
     start = time.perf_counter()
     res = sweep(args.quick, args.seed)
     res["seconds"] = round(time.perf_counter() - start, 1)
     print(table(res))
-    draw(res, args.out)
-    json_path = args.out.with_suffix(".json")
+    figlang.draw_both(draw, args.out, res)
     json_path.write_text(json.dumps(res, indent=2) + "\n")
     print(f"wrote {args.out} and {json_path} ({res['seconds']} s)")
     return 0

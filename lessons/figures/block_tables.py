@@ -11,11 +11,15 @@ It prints every block table and draws:
 - bottom: each sequence's logical view (its tokens in order, block_size to a logical block),
   with an arrow from every logical block to the physical block its block table names.
 
-    .venv/bin/python lessons/figures/block_tables.py    # about a second; writes block_tables.png
+    .venv/bin/python lessons/figures/block_tables.py    # about a second
+
+It writes block_tables.png and its Korean edition block_tables.ko.png (figlang.py).
 """
 
 import argparse
 from pathlib import Path
+
+import figlang
 
 from pagedllm.reference.kv.block_manager import BlockSpaceManager
 
@@ -61,10 +65,7 @@ def describe(manager: BlockSpaceManager) -> str:
     return "\n".join(lines)
 
 
-def draw(manager: BlockSpaceManager, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def draw(manager: BlockSpaceManager, path: Path, lang: str = "en") -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
@@ -74,6 +75,7 @@ def draw(manager: BlockSpaceManager, path: Path) -> None:
     ex_name, ex_pos = EXAMPLE
     ex_id = list(PROMPTS).index(ex_name)
     ex_slot = manager.slot(ex_id, ex_pos)
+    T = figlang.chooser(lang)
 
     def pool_x(block: int) -> float:
         return block * (block_w + block_gap)
@@ -118,15 +120,19 @@ def draw(manager: BlockSpaceManager, path: Path) -> None:
                                        edgecolor="#cccccc", lw=0.6))
         ax.add_patch(Rectangle((x0, pool_y), block_w, h, fill=False, lw=1.6,
                                edgecolor=COLORS[name] if name else "#aaaaaa"))
-        ax.text(x0 + block_w / 2, pool_y + h + 0.12, f"block {block}", ha="center",
-                va="bottom", fontsize=9.5, color=COLORS[name] if name else "#999999",
+        ax.text(x0 + block_w / 2, pool_y + h + 0.12, T(f"block {block}", f"블록 {block}"),
+                ha="center", va="bottom", fontsize=9.5, color=COLORS[name] if name else "#999999",
                 fontweight="bold" if name else "normal")
-        ax.text(x0 + block_w / 2, pool_y - 0.1, f"slots {block * BLOCK_SIZE}-"
-                f"{block * BLOCK_SIZE + BLOCK_SIZE - 1}", ha="center", va="top", fontsize=7.5,
+        first, last = block * BLOCK_SIZE, block * BLOCK_SIZE + BLOCK_SIZE - 1
+        ax.text(x0 + block_w / 2, pool_y - 0.1, T(f"slots {first}-{last}", f"슬롯 {first}-{last}"),
+                ha="center", va="top", fontsize=7.5,
                 color="#666666")
-    ax.text(0, pool_y + h + 0.75, f"Physical pool: {NUM_BLOCKS} blocks of {BLOCK_SIZE} token "
-            f"slots ({manager.num_free_gpu_blocks} free), coloured by owner. A number is the "
-            "token position the slot holds.", fontsize=11, ha="left", va="bottom")
+    free = manager.num_free_gpu_blocks
+    ax.text(0, pool_y + h + 0.75, T(
+        f"Physical pool: {NUM_BLOCKS} blocks of {BLOCK_SIZE} token slots ({free} free), "
+        "coloured by owner. A number is the token position the slot holds.",
+        f"물리 풀: 토큰 슬롯 {BLOCK_SIZE}개짜리 블록 {NUM_BLOCKS}개(빈 블록 {free}개), 색은 "
+        "주인 시퀀스. 숫자는 그 슬롯이 담은 토큰의 위치."), fontsize=11, ha="left", va="bottom")
 
     # Each sequence's logical blocks, side by side, an arrow from each to its physical block.
     x = 0.0
@@ -142,39 +148,49 @@ def draw(manager: BlockSpaceManager, path: Path) -> None:
                          outlined=(name, pos) == EXAMPLE)
             ax.add_patch(Rectangle((x0, logical_y), block_w, h, fill=False, lw=1.6,
                                    edgecolor=COLORS[name]))
-            ax.text(x0 + block_w / 2, logical_y - 0.1, f"logical {logical}", ha="center",
-                    va="top", fontsize=8.5)
+            ax.text(x0 + block_w / 2, logical_y - 0.1, T(f"logical {logical}", f"논리 {logical}"),
+                    ha="center", va="top", fontsize=8.5)
             ax.add_patch(FancyArrowPatch((x0 + block_w / 2, logical_y + h + 0.05),
                                          (pool_x(block) + block_w / 2, pool_y - 0.5),
                                          arrowstyle="-|>", mutation_scale=14, lw=1.5,
                                          color=COLORS[name], alpha=0.9))
         end = x + len(table) * (block_w + block_gap) - block_gap
         ax.text((start + end) / 2, logical_y - 0.65,
-                f"sequence {name}: {n} tokens\nblock table {table}", ha="center", va="top",
+                T(f"sequence {name}: {n} tokens\nblock table {table}",
+                  f"시퀀스 {name}: 토큰 {n}개\n블록 테이블 {table}"), ha="center", va="top",
                 fontsize=10.5, color=COLORS[name], fontweight="bold")
         x = end + 2.5
 
     ex_table = manager.block_table(ex_id)
-    ax.text(0, -2.35,
-            f"Outlined: {ex_name}'s position {ex_pos} lives in slot block_table[{ex_pos} // "
-            f"{BLOCK_SIZE}] × {BLOCK_SIZE} + {ex_pos} % {BLOCK_SIZE} = "
-            f"{ex_table[ex_pos // BLOCK_SIZE]} × {BLOCK_SIZE} + {ex_pos % BLOCK_SIZE} = "
-            f"{ex_slot}.   Hatched: allocated, still empty.", ha="left", va="top",
-            fontsize=10.5)
-    ax.text(pool_width, logical_y + h + 0.9, "Below: each sequence's logical view,\nits "
-            f"tokens in order, {BLOCK_SIZE} to a logical block;\nan arrow is one block-table "
-            "entry", fontsize=10.5, ha="right", va="bottom")
-    handles = [Patch(facecolor=COLORS[n], label=f"sequence {n} (prompt {p})")
+    formula = (f"block_table[{ex_pos} // {BLOCK_SIZE}] × {BLOCK_SIZE} + {ex_pos} % "
+               f"{BLOCK_SIZE} = {ex_table[ex_pos // BLOCK_SIZE]} × {BLOCK_SIZE} + "
+               f"{ex_pos % BLOCK_SIZE} = {ex_slot}")
+    ax.text(0, -2.35, T(
+        f"Outlined: {ex_name}'s position {ex_pos} lives in slot {formula}.   "
+        "Hatched: allocated, still empty.",
+        f"굵은 테두리: {ex_name}의 위치 {ex_pos}가 있는 슬롯 {formula}.   "
+        "빗금: 할당되었지만 아직 빈 슬롯."), ha="left", va="top", fontsize=10.5)
+    ax.text(pool_width, logical_y + h + 0.9, T(
+        "Below: each sequence's logical view,\nits tokens in order, "
+        f"{BLOCK_SIZE} to a logical block;\nan arrow is one block-table entry",
+        "아래: 시퀀스마다의 논리적 보기,\n토큰을 순서대로, 논리 블록 하나에 "
+        f"{BLOCK_SIZE}개씩;\n화살표 하나가 블록 테이블 항목 하나"),
+        fontsize=10.5, ha="right", va="bottom")
+    handles = [Patch(facecolor=COLORS[n], label=T(f"sequence {n} (prompt {p})",
+                                                  f"시퀀스 {n} (프롬프트 {p})"))
                for n, p in PROMPTS.items()]
-    handles.append(Patch(facecolor="white", edgecolor="#aaaaaa", label="free block"))
+    handles.append(Patch(facecolor="white", edgecolor="#aaaaaa",
+                         label=T("free block", "빈 블록")))
     ax.legend(handles=handles, loc="upper right", bbox_to_anchor=(1.0, 0.36), fontsize=9.5,
               frameon=False)
 
     ax.set_xlim(-0.3, pool_width + 0.3)
     ax.set_ylim(-2.9, pool_y + h + 1.35)
     ax.axis("off")
-    fig.suptitle(f"Three sequences grown round-robin in one pool (block_size {BLOCK_SIZE}): "
-                 "their blocks interleave; each block table finds its own", fontsize=12.5)
+    fig.suptitle(T(f"Three sequences grown round-robin in one pool (block_size {BLOCK_SIZE}): "
+                   "their blocks interleave; each block table finds its own",
+                   f"한 풀에서 번갈아 자라는 세 시퀀스(block_size {BLOCK_SIZE}): 블록은 서로 "
+                   "섞이고, 블록 테이블이 저마다 제 블록을 찾는다"), fontsize=12.5)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -186,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     manager = run()
     print(describe(manager))
-    draw(manager, args.out)
-    print(f"wrote {args.out}")
+    for path in figlang.draw_both(draw, args.out, manager):
+        print(f"wrote {path}")
     return 0
 
 

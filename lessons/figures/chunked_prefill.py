@@ -16,8 +16,8 @@ A step observer (``engine.add_step_observer``), called just before each forward,
 step's SchedulerOutput (who runs, how many tokens, prefill or decode). The script checks that
 both runs produce the same tokens and draws, for each mode, the tokens computed per step split
 into decode tokens, prefill of the short prompts and prefill of the long prompt, with the token
-budget. It writes chunked_prefill.png and chunked_prefill.json next to itself and prints a
-summary.
+budget. It writes chunked_prefill.png, its Korean edition chunked_prefill.ko.png (figlang.py)
+and chunked_prefill.json next to itself and prints a summary.
 
     .venv/bin/python lessons/figures/chunked_prefill.py     # a few seconds
 """
@@ -26,6 +26,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.engine.llm import LLM
@@ -44,6 +45,9 @@ MODES = {"whole prompts (enable_chunked_prefill=False)": False,
          f"chunked prefill (enable_chunked_prefill=True, max_num_batched_tokens="
          f"{CHUNK_BUDGET})": True}
 COLORS = {"decode": "#63a4e6", "short prefill": "#1a4480", "long prefill": "#d97706"}
+KO = {"decode": "디코드", "short prefill": "짧은 프롬프트의 프리필",
+      "long prefill": "긴 프롬프트의 프리필", "whole prompts": "프롬프트를 통째로",
+      "chunked prefill": "청크 프리필"}  # the Korean edition's words for the data's labels
 
 
 def run(model_dir: str, chunked: bool) -> dict:
@@ -123,7 +127,7 @@ LOW_TOP = 40  # the lower axes show 0-40 tokens: a 4-token decode bar is a tenth
 HIGH = (185, 270)  # the cut-off upper axes of the whole-prompt run: the 200-token step, budget 256
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, lang: str = "en") -> None:
     """Two runs, one above the other, on a y-axis of 0-40 tokens, where a decode bar of 4 tokens
     is plainly visible. The whole-prompt run's 200-token step and its 256-token budget do not fit
     there: its axis is broken, with a short upper part for 185-270 tokens."""
@@ -132,6 +136,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     n_steps = max(len(r["steps"]) for r in results.values())
     fig, (high, low_whole, low_chunked) = plt.subplots(
         3, 1, figsize=(12, 8.6), sharex=True, gridspec_kw={"height_ratios": [1, 2, 2.4]})
@@ -142,7 +147,7 @@ def plot(results: dict, path: Path) -> None:
         bottom = [0] * len(steps)
         for kind, color in COLORS.items():
             vals = [r["tokens"][kind] for r in steps]
-            ax.bar(x, vals, bottom=bottom, width=0.8, color=color, label=kind)
+            ax.bar(x, vals, bottom=bottom, width=0.8, color=color, label=T(kind, KO[kind]))
             bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
         return bottom
 
@@ -151,25 +156,31 @@ def plot(results: dict, path: Path) -> None:
             d = r["tokens"]["decode"]
             ax.text(r["step"], -4.5, str(d), ha="center", va="center", fontsize=8,
                     color="#1a4480" if d else "#c53030", fontweight="bold")
-        ax.text(-0.6, -4.5, "decodes:", ha="right", va="center", fontsize=8)
+        ax.text(-0.6, -4.5, T("decodes:", "디코드:"), ha="right", va="center", fontsize=8)
 
     def title(ax, name, res):
         s = summary(res)
         stalled = s["steps_without_any_decode_after_step_0"]
-        ax.set_title(f"{name}\nlargest step after the arrival: "
-                     f"{s['max_tokens_in_a_step_after_arrival']} tokens; steps in which the "
-                     f"running requests get no token: {stalled or 'none'}; "
-                     f"all done after {s['steps']} steps", fontsize=10.5, loc="left")
+        largest = s["max_tokens_in_a_step_after_arrival"]
+        mode = name.split(" (")[0]
+        ax.set_title(T(f"{name}\nlargest step after the arrival: {largest} tokens; steps in "
+                       f"which the running requests get no token: {stalled or 'none'}; "
+                       f"all done after {s['steps']} steps",
+                       f"{name.replace(mode, KO[mode])}\n도착 뒤 가장 큰 스텝: 토큰 {largest}개; "
+                       f"실행 중인 요청이 토큰을 받지 못한 스텝: {stalled or '없음'}; "
+                       f"{s['steps']} 스텝 뒤 모두 끝남"), fontsize=10.5, loc="left")
 
     def arrival(ax, y):
         ax.axvline(LONG_ARRIVES - 0.5, color="#555555", linestyle=":", linewidth=1)
         if y is not None:
-            ax.text(LONG_ARRIVES - 0.8, y, f"the {LONG_PROMPT}-token\nprompt arrives",
+            ax.text(LONG_ARRIVES - 0.8, y, T(f"the {LONG_PROMPT}-token\nprompt arrives",
+                                             f"{LONG_PROMPT}토큰\n프롬프트 도착"),
                     ha="right", va="center", fontsize=9, color="#555555")
 
     def first_token(ax, res, top, text_y):
         first = res["first_token_step"]["long"]
-        ax.annotate(f"its first token: step {first}", xy=(first + 0.2, top[first] + 0.5),
+        ax.annotate(T(f"its first token: step {first}", f"그 첫 토큰: 스텝 {first}"),
+                    xy=(first + 0.2, top[first] + 0.5),
                     xytext=(first + 3, text_y), fontsize=9, color="#9a5200",
                     arrowprops={"arrowstyle": "->", "color": "#9a5200"})
 
@@ -179,7 +190,8 @@ def plot(results: dict, path: Path) -> None:
         arrival(ax, 24 if ax is low_whole else None)
     budget = summary(whole)["budget"]
     high.axhline(budget, color="black", linestyle="--", linewidth=1)
-    high.text(n_steps - 0.5, budget - 10, f"token budget per step: {budget}", ha="right",
+    high.text(n_steps - 0.5, budget - 10,
+              T(f"token budget per step: {budget}", f"스텝당 토큰 예산: {budget}"), ha="right",
               fontsize=9)
     first_token(high, whole, top, 225)
     high.set_ylim(*HIGH)
@@ -193,22 +205,23 @@ def plot(results: dict, path: Path) -> None:
     title(high, whole_title, whole)
     decode_counts(low_whole, whole["steps"])
     low_whole.legend(loc="upper right", fontsize=9, framealpha=0.95)
-    low_whole.set_ylabel("tokens computed in the step", y=0.75)
+    low_whole.set_ylabel(T("tokens computed in the step", "스텝에서 계산한 토큰"), y=0.75)
 
     # The chunked run fits the lower scale whole.
     top = bars(low_chunked, chunked["steps"])
     arrival(low_chunked, 24)
     budget = summary(chunked)["budget"]
     low_chunked.axhline(budget, color="black", linestyle="--", linewidth=1)
-    low_chunked.text(n_steps - 0.5, budget + 1.2, f"token budget per step: {budget}",
+    low_chunked.text(n_steps - 0.5, budget + 1.2,
+                     T(f"token budget per step: {budget}", f"스텝당 토큰 예산: {budget}"),
                      ha="right", fontsize=9)
     first_token(low_chunked, chunked, top, 22)
     low_chunked.set_ylim(-8, LOW_TOP)
     title(low_chunked, chunked_title, chunked)
     decode_counts(low_chunked, chunked["steps"])
-    low_chunked.set_ylabel("tokens computed in the step")
+    low_chunked.set_ylabel(T("tokens computed in the step", "스텝에서 계산한 토큰"))
     low_chunked.set_xlim(-2.5, n_steps)
-    low_chunked.set_xlabel("engine step")
+    low_chunked.set_xlabel(T("engine step", "엔진 스텝"))
     for ax in (low_whole, low_chunked):
         ax.set_yticks([0, 10, 20, 30, 40])
     fig.tight_layout()
@@ -238,7 +251,7 @@ def main() -> None:
            "modes": {title: {"chunked": MODES[title], "summary": summary(res),
                              "steps": res["steps"]} for title, res in results.items()}}
     (HERE / "chunked_prefill.json").write_text(json.dumps(out, indent=1))
-    plot(results, HERE / "chunked_prefill.png")
+    figlang.draw_both(plot, HERE / "chunked_prefill.png", results)
     for title, res in results.items():
         s = summary(res)
         print(title)

@@ -21,8 +21,8 @@ The script checks what the figure claims: the tables and counts above, 2 copies 
 stats, that the copied blocks hold the same K/V as block 2 at positions 8 and 9 (every layer)
 and different K/V at position 10, that each sample i equals a request of its own with seed 0 + i,
 and how many blocks the request holds at its largest (11, against 15 without sharing). It draws
-the two moments one above the other and writes cow_block_tables.png and cow_block_tables.json
-next to itself.
+the two moments one above the other and writes cow_block_tables.png, its Korean edition
+cow_block_tables.ko.png (figlang.py) and cow_block_tables.json next to itself.
 
     .venv/bin/python lessons/figures/cow_block_tables.py    # a few seconds
 """
@@ -33,6 +33,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.engine.llm import LLM
@@ -132,13 +133,14 @@ def check(result: dict, singles: list[list[int]], full: list[list[int]]) -> dict
             "sample_i_equals_single_request_with_seed_plus_i": singles == full}
 
 
-def draw(result: dict, path: Path) -> None:
+def draw(result: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
+    T = figlang.chooser(lang)
     slot_w, h, gap = 1.0, 0.8, 0.45
     block_w = BLOCK_SIZE * slot_w
     after = result["snapshots"][-1]
@@ -157,11 +159,16 @@ def draw(result: dict, path: Path) -> None:
     partial = len(PROMPT) % BLOCK_SIZE != 0
     src = result["snapshots"][0]["samples"][0]["block_table"][-1]  # the prompt's last block
     titles = [
-        f"After step 1: the prompt is prefilled once; {N - 1} children fork from the parent and "
-        "share its blocks",
-        f"After step 2: each sample writes its first token's K/V at position {len(PROMPT)}, "
-        + (f"so the shared block {src} is copied on write" if partial
-           else "in a fresh block (the prompt filled its blocks: nothing to copy)"),
+        T(f"After step 1: the prompt is prefilled once; {N - 1} children fork from the parent "
+          "and share its blocks",
+          f"스텝 1 이후: 프롬프트는 한 번만 프리필되고, 자식 {N - 1}개가 부모에서 포크해 그 "
+          "블록을 공유한다"),
+        T(f"After step 2: each sample writes its first token's K/V at position {len(PROMPT)}, "
+          + (f"so the shared block {src} is copied on write" if partial
+             else "in a fresh block (the prompt filled its blocks: nothing to copy)"),
+          f"스텝 2 이후: 샘플마다 첫 토큰의 K/V를 위치 {len(PROMPT)}에 쓰므로, "
+          + (f"공유 블록 {src}가 쓰기 시 복사된다" if partial
+             else "새 블록에 쓴다 (프롬프트가 블록을 다 채움: 복사할 것 없음)")),
     ]
     for ax, snap, title in zip(axes, result["snapshots"], titles, strict=True):
         refs = {int(b): c for b, c in snap["ref_counts"].items()}
@@ -206,21 +213,25 @@ def draw(result: dict, path: Path) -> None:
             else:
                 edge, lw = "#aaaaaa", 1.0
             ax.add_patch(Rectangle((x0, pool_y), block_w, h, fill=False, lw=lw, edgecolor=edge))
-            ax.text(x0 + block_w / 2, pool_y + h + 0.12, f"block {block}", ha="center",
+            ax.text(x0 + block_w / 2, pool_y + h + 0.12, T(f"block {block}", f"블록 {block}"),
+                    ha="center",
                     va="bottom", fontsize=10.5, fontweight="bold" if held else "normal",
                     color="black" if held else "#999999")
             if held:
-                ax.text(x0 + block_w / 2, pool_y + h + 0.55, f"ref count {refs[block]}",
+                ax.text(x0 + block_w / 2, pool_y + h + 0.55,
+                        T(f"ref count {refs[block]}", f"참조 카운트 {refs[block]}"),
                         ha="center", va="bottom", fontsize=10,
                         color=SHARED if refs[block] > 1 else "#333333",
                         fontweight="bold" if refs[block] > 1 else "normal")
             else:
-                ax.text(x0 + block_w / 2, pool_y + h + 0.55, "free", ha="center",
+                ax.text(x0 + block_w / 2, pool_y + h + 0.55, T("free", "빈 블록"), ha="center",
                         va="bottom", fontsize=10, color="#999999")
             if block in copies:
-                ax.text(x0 + block_w / 2, pool_y - 0.1, f"copy of\nblock {src}", ha="center",
+                ax.text(x0 + block_w / 2, pool_y - 0.1,
+                        T(f"copy of\nblock {src}", f"블록 {src}의\n사본"), ha="center",
                         va="top", fontsize=10, color=COPY, fontweight="bold")
-        ax.text(pool_x0 - 0.4, pool_y + h / 2, "physical\npool", ha="right", va="center",
+        ax.text(pool_x0 - 0.4, pool_y + h / 2, T("physical\npool", "물리\n풀"), ha="right",
+                va="center",
                 fontsize=11)
 
         # Each sample's logical view, with one arrow per block-table entry.
@@ -258,35 +269,51 @@ def draw(result: dict, path: Path) -> None:
                     shrinkA=0, shrinkB=2))
             outs = s["output_token_ids"]
             ax.text(x_start + row_w / 2, logical_y - 0.15,
-                    f"sample {i} (seq {s['seq_id']}{', the parent' if i == 0 else ''})\n"
-                    f"block table {s['block_table']}\n"
-                    f"K/V stored for {n_cached} tokens\nsampled so far {outs}",
+                    T(f"sample {i} (seq {s['seq_id']}{', the parent' if i == 0 else ''})\n"
+                      f"block table {s['block_table']}\n"
+                      f"K/V stored for {n_cached} tokens\nsampled so far {outs}",
+                      f"샘플 {i} (시퀀스 {s['seq_id']}{', 부모' if i == 0 else ''})\n"
+                      f"블록 테이블 {s['block_table']}\n"
+                      f"K/V를 저장한 토큰 {n_cached}개\n지금까지 샘플링 {outs}"),
                     ha="center", va="top", fontsize=10.5, color=color, fontweight="bold",
                     linespacing=1.35)
-        note = (f"{snap['blocks_used']} blocks in use, {snap['cow_copies']} copies so far. "
-                "Dashed: the newest sampled token, whose K/V this sample writes next step.")
-        if snap["cow_copies"]:
-            order = ", then ".join(f"sample {i} ({N - i} → {N - i - 1})" for i in range(1, N - 1))
-            note = (f"{snap['blocks_used']} blocks in use, {snap['cow_copies']} copies: sample 0 "
-                    f"copied first (ref count of block {src}: {N} → {N - 1})"
-                    + (f", then {order}" if order else "")
-                    + f"; sample {N - 1} then held block {src} alone and wrote in place.")
+        used, cows = snap["blocks_used"], snap["cow_copies"]
+        note = T(f"{used} blocks in use, {cows} copies so far. "
+                 "Dashed: the newest sampled token, whose K/V this sample writes next step.",
+                 f"사용 중인 블록 {used}개, 지금까지 복사 {cows}번. "
+                 "점선: 가장 최근에 샘플링한 토큰, 그 K/V는 다음 스텝에 이 샘플이 쓴다.")
+        if cows:
+            order = T(", then ", ", 그다음 ").join(
+                T(f"sample {i} ({N - i} → {N - i - 1})", f"샘플 {i} ({N - i} → {N - i - 1})")
+                for i in range(1, N - 1))
+            note = T(f"{used} blocks in use, {cows} copies: sample 0 "
+                     f"copied first (ref count of block {src}: {N} → {N - 1})"
+                     + (f", then {order}" if order else "")
+                     + f"; sample {N - 1} then held block {src} alone and wrote in place.",
+                     f"사용 중인 블록 {used}개, 복사 {cows}번: 샘플 0이 먼저 복사 "
+                     f"(블록 {src}의 참조 카운트: {N} → {N - 1})"
+                     + (f", 그다음 {order}" if order else "")
+                     + f"; 그러자 샘플 {N - 1}은 블록 {src}를 혼자 가져 제자리에 썼다.")
         ax.text(0, -2.35, note, ha="left", va="top", fontsize=10.5)
         ax.set_title(title, fontsize=12.5, loc="left")
         ax.set_xlim(-1.6, total_w + 0.3)
         ax.set_ylim(-2.8, pool_y + h + 1.1)
         ax.axis("off")
 
-    handles = [Patch(facecolor=SHARED, label="shared block (ref count > 1)")]
-    handles += [Patch(facecolor=c, label=f"sample {i}'s own block") for i, c in
-                enumerate(SAMPLE_COLORS[:N])]
-    handles += [Patch(facecolor="white", edgecolor=COPY, lw=2.5, label="made by copy-on-write"),
+    handles = [Patch(facecolor=SHARED, label=T("shared block (ref count > 1)",
+                                               "공유 블록 (참조 카운트 > 1)"))]
+    handles += [Patch(facecolor=c, label=T(f"sample {i}'s own block", f"샘플 {i}만의 블록"))
+                for i, c in enumerate(SAMPLE_COLORS[:N])]
+    handles += [Patch(facecolor="white", edgecolor=COPY, lw=2.5,
+                      label=T("made by copy-on-write", "쓰기 시 복사로 만든 블록")),
                 Patch(facecolor="white", edgecolor="#888888", hatch="////",
-                      label="allocated, still empty")]
+                      label=T("allocated, still empty", "할당되었지만 아직 빔"))]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 7), fontsize=10,
                frameon=False)
-    fig.suptitle(f"Parallel sampling, n = {N}: a {len(PROMPT)}-token prompt in blocks of "
-                 f"{BLOCK_SIZE} slots (numbers are token positions)", fontsize=13.5)
+    fig.suptitle(T(f"Parallel sampling, n = {N}: a {len(PROMPT)}-token prompt in blocks of "
+                   f"{BLOCK_SIZE} slots (numbers are token positions)",
+                   f"병렬 샘플링, n = {N}: {len(PROMPT)}토큰 프롬프트를 슬롯 {BLOCK_SIZE}개짜리 "
+                   "블록에 (숫자는 토큰 위치)"), fontsize=13.5)
     fig.tight_layout(rect=(0, 0.03, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -328,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
            **result, "samples": full, **summary}
     json_path = args.out.with_suffix(".json")
     json_path.write_text(json.dumps(out, indent=1))
-    draw(result, args.out)
-    print(f"wrote {args.out} and {json_path}")
+    figlang.draw_both(draw, args.out, result)
+    print(f"wrote {args.out}, {figlang.edition(args.out, 'ko')} and {json_path}")
     return 0
 
 

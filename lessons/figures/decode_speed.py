@@ -9,8 +9,10 @@ resulting throughput.
 
     .venv/bin/python lessons/figures/decode_speed.py            # about a minute on 2 CPU cores
     .venv/bin/python lessons/figures/decode_speed.py --totals 64 128 --repeats 1   # quick look
+    .venv/bin/python lessons/figures/decode_speed.py --plot-only   # redraw from the .json
 
-It writes decode_speed.json (the numbers) and decode_speed.png next to itself, and prints a table.
+It writes decode_speed.json (the numbers), decode_speed.png and its Korean edition
+decode_speed.ko.png (figlang.py) next to itself, and prints a table.
 Compare the two caches by their ratio, measured side by side in one run: absolute times depend
 on the machine. Three choices keep the result from depending on whatever else the machine runs:
 one PyTorch thread (with two threads on two busy cores, single steps ran a hundred times
@@ -27,6 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference import generate, load_model
@@ -132,23 +135,26 @@ def running_median(values: list[float], window: int) -> list[float]:
     return [statistics.median(values[max(0, i - half):i + half + 1]) for i in range(len(values))]
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     colors = {"contiguous": "#1f77b4", "none": "#d62728"}
-    labels = {"contiguous": "with KV cache", "none": "without KV cache"}
+    labels = {"contiguous": T("with KV cache", "KV 캐시 있음"),
+              "none": T("without KV cache", "KV 캐시 없음")}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
 
     steps = result["per_step_ms"]
     for cache in CACHES:
         left.plot(steps["seq_len"], running_median(steps[cache], SMOOTH), color=colors[cache],
                   lw=1.5, label=labels[cache])
-    left.set_xlabel("sequence length reached (tokens)")
-    left.set_ylabel(f"ms per decode step (running median of {SMOOTH})")
-    left.set_title("Cost of one decode step")
+    left.set_xlabel(T("sequence length reached (tokens)", "도달한 시퀀스 길이 (토큰)"))
+    left.set_ylabel(T(f"ms per decode step (running median of {SMOOTH})",
+                      f"디코드 스텝당 ms ({SMOOTH}개 이동 중앙값)"))
+    left.set_title(T("Cost of one decode step", "디코드 스텝 하나의 비용"))
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3)
     left.legend(loc="upper left")
@@ -166,18 +172,23 @@ def plot(result: dict, path: Path) -> None:
         right.text(p, top * 1.12, f"{result['runs'][t]['speedup']:.1f}x", ha="center",
                    fontsize=9, fontweight="bold")
     right.set_xticks(list(x), [f"{t}" for t in totals])
-    right.set_xlabel(f"total tokens generated to (prompt of {result['prompt_tokens']})")
-    right.set_ylabel("generated tokens per second")
-    right.set_title("Average speed of a whole generation (bold: speed-up)")
+    right.set_xlabel(T(f"total tokens generated to (prompt of {result['prompt_tokens']})",
+                       f"생성을 마친 전체 토큰 수 (프롬프트 {result['prompt_tokens']})"))
+    right.set_ylabel(T("generated tokens per second", "초당 생성 토큰"))
+    right.set_title(T("Average speed of a whole generation (bold: speed-up)",
+                      "생성 전체의 평균 속도 (굵은 글씨: 속도 향상)"))
     right.set_ylim(0, max(r["contiguous"]["tokens_per_s"] for r in result["runs"].values()) * 1.3)
     right.grid(axis="y", alpha=0.3)  # no legend: the colours are the left panel's
 
     m = result["machine"]
     threads = f"{m['torch_threads']} torch thread{'s' if m['torch_threads'] > 1 else ''}"
-    fig.suptitle(f"{result['model']} ({result['config']['parameters'] / 1e6:.1f}M parameters), "
-                 f"reference tier, {result['dtype']}, "
-                 f"{threads} on a {m['cpu_count']}-core CPU, clock: {result['clock']}",
-                 fontsize=10)
+    params = f"{result['config']['parameters'] / 1e6:.1f}M"
+    clock = {"process CPU time": "프로세스 CPU 시간", "wall time": "벽시계 시간"}
+    fig.suptitle(T(f"{result['model']} ({params} parameters), reference tier, {result['dtype']}, "
+                   f"{threads} on a {m['cpu_count']}-core CPU, clock: {result['clock']}",
+                   f"{result['model']} (파라미터 {params}), 레퍼런스 계층, {result['dtype']}, "
+                   f"{m['cpu_count']}코어 CPU에서 torch 스레드 {m['torch_threads']}개, "
+                   f"시계: {clock.get(result['clock'], result['clock'])}"), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -213,7 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None,
                         help="checkpoint folder (default: the model pagedllm ships with)")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for the .json and .png")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw both editions from the .json in --out, measuring nothing")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        result = json.loads((args.out / "decode_speed.json").read_text())
+        for path in figlang.draw_both(plot, args.out / "decode_speed.png", result):
+            print(f"wrote {path}")
+        return 0
 
     torch.set_num_threads(args.threads)
     if min(args.totals) <= PROMPT_TOKENS:
@@ -244,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     result["measure_seconds"] = round(time.perf_counter() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_speed.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out / "decode_speed.png")
+    figlang.draw_both(plot, args.out / "decode_speed.png", result)
     print_table(result)
     print(f"measured in {result['measure_seconds']} s; wrote {args.out / 'decode_speed.json'} "
           f"and {args.out / 'decode_speed.png'}")

@@ -16,11 +16,14 @@ can keep between passes, so its HBM traffic is between one and four reads of the
 
     .venv/bin/python lessons/figures/fusion_bytes.py    # under a second
 
-It writes fusion_bytes.json and fusion_bytes.png next to itself and prints the table.
+It writes fusion_bytes.json, fusion_bytes.png and its Korean edition fusion_bytes.ko.png
+(figlang.py) next to itself and prints the table.
 """
 
 import json
 from pathlib import Path
+
+import figlang
 
 HERE = Path(__file__).resolve().parent
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
@@ -114,32 +117,38 @@ def compute() -> dict:
     return out
 
 
-def draw(res: dict, path: Path) -> None:
+def draw(res: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     names = list(res)
+    shown = {"RMSNorm + residual": "RMSNorm + 잔차", "SiLU and mul": "SiLU와 곱",
+             "rotary (q and k)": "회전 (q와 k)", "sampling (one row)": "샘플링 (행 하나)"}
     fig, ax = plt.subplots(figsize=(8.5, 3.8))
     y = range(len(names))
     kib = 1024
     ax.barh([i + 0.2 for i in y], [res[n]["unfused_bytes"] / kib for n in names], height=0.4,
-            color="#c53030", label="one torch op at a time (reference)")
+            color="#c53030", label=T("one torch op at a time (reference)",
+                                     "torch 연산을 하나씩 (레퍼런스)"))
     ax.barh([i - 0.2 for i in y], [res[n]["fused_bytes"] / kib for n in names], height=0.4,
-            color="#2b6cb0", label="fused (Triton kernel)")
+            color="#2b6cb0", label=T("fused (Triton kernel)", "융합 (Triton 커널)"))
     for i, n in zip(y, names, strict=True):
         ax.text(res[n]["unfused_bytes"] / kib * 1.1, i + 0.2,
                 f"{res[n]['unfused_bytes'] / kib:,.0f} KiB ({res[n]['ratio']:.1f}x)",
                 va="center", fontsize=8)
         ax.text(res[n]["fused_bytes"] / kib * 1.1, i - 0.2,
                 f"{res[n]['fused_bytes'] / kib:,.0f} KiB", va="center", fontsize=8)
-    ax.set_yticks(list(y), names)
+    ax.set_yticks(list(y), [T(n, shown.get(n, n)) for n in names])
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlim(10, 3e5)
-    ax.set_xlabel("bytes moved per token (per sampled row), KiB, log scale")
-    ax.set_title("Llama-3-8B, bf16: memory traffic of the small ops", fontsize=11)
+    ax.set_xlabel(T("bytes moved per token (per sampled row), KiB, log scale",
+                    "토큰당(샘플링하는 행당) 옮긴 바이트, KiB, 로그 눈금"))
+    ax.set_title(T("Llama-3-8B, bf16: memory traffic of the small ops",
+                   "Llama-3-8B, bf16: 작은 연산의 메모리 트래픽"), fontsize=11)
     ax.legend(fontsize=8, loc="upper right")
     ax.grid(alpha=0.3, axis="x", which="both")
     fig.tight_layout()
@@ -150,7 +159,7 @@ def draw(res: dict, path: Path) -> None:
 def main() -> None:
     res = compute()
     (HERE / "fusion_bytes.json").write_text(json.dumps(res, indent=1) + "\n")
-    draw(res, HERE / "fusion_bytes.png")
+    figlang.draw_both(draw, HERE / "fusion_bytes.png", res)
     for name, r in res.items():
         print(f"  {name:20} {r['ops']:2} ops  unfused {r['unfused_bytes']:>11,} B   "
               f"fused {r['fused_bytes']:>9,} B   {r['ratio']:5.1f}x")

@@ -12,11 +12,14 @@
 
     .venv/bin/python lessons/figures/kv_bytes_per_token.py    # under a second
 
-It writes kv_bytes_per_token.json and kv_bytes_per_token.png next to itself and prints a table.
+It writes kv_bytes_per_token.json, kv_bytes_per_token.png and its Korean edition
+kv_bytes_per_token.ko.png (figlang.py) next to itself and prints a table.
 """
 
 import json
 from pathlib import Path
+
+import figlang
 
 from pagedllm.reference.kv_size import GIB, kv_size
 
@@ -58,12 +61,13 @@ def rows() -> list[dict]:
 COLORS = {"MHA": "#c53030", "GQA": "#2b6cb0", "MQA": "#2f855a", "MLA": "#6b46c1"}
 
 
-def draw(table: list[dict], path: Path) -> None:
+def draw(table: list[dict], path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     fig, ax = plt.subplots(figsize=(8.5, 3.8))
     labels = [f"{r['model']} ({r['kind']})" for r in table]
     values = [r["kib_per_token"] for r in table]
@@ -71,13 +75,16 @@ def draw(table: list[dict], path: Path) -> None:
     ax.barh(y, values, color=[COLORS[r["kind"]] for r in table])
     for yi, r in zip(y, table, strict=True):
         ax.text(r["kib_per_token"] * 1.08, yi,
-                f"{r['kib_per_token']:,.1f} KiB   ({r['tokens_per_gib']:,} tokens per GiB)",
+                T(f"{r['kib_per_token']:,.1f} KiB   ({r['tokens_per_gib']:,} tokens per GiB)",
+                  f"{r['kib_per_token']:,.1f} KiB   (GiB당 토큰 {r['tokens_per_gib']:,}개)"),
                 va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=9)
     ax.set_xscale("log")
     ax.set_xlim(8, 400_000)
-    ax.set_xlabel("KV cache per token, all layers (KiB, log scale), fp16/bf16")
-    ax.set_title("What one token costs in the KV cache", fontsize=11)
+    ax.set_xlabel(T("KV cache per token, all layers (KiB, log scale), fp16/bf16",
+                    "토큰당 KV 캐시, 모든 레이어 (KiB, 로그 눈금), fp16/bf16"))
+    ax.set_title(T("What one token costs in the KV cache", "토큰 하나가 KV 캐시에서 차지하는 크기"),
+                 fontsize=11)
     ax.grid(alpha=0.3, axis="x", which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -87,7 +94,7 @@ def draw(table: list[dict], path: Path) -> None:
 def main() -> None:
     table = rows()
     (HERE / "kv_bytes_per_token.json").write_text(json.dumps(table, indent=1) + "\n")
-    draw(table, HERE / "kv_bytes_per_token.png")
+    figlang.draw_both(draw, HERE / "kv_bytes_per_token.png", table)
     for r in table:
         print(f"  {r['model']:32} {r['kind']}  {r['bytes_per_token']:>10,} B  "
               f"{r['kib_per_token']:8.1f} KiB  {r['tokens_per_gib']:>6,} tokens/GiB")

@@ -25,15 +25,17 @@ channel for), and the same after the Hadamard rotation the int4 cache stores its
 
     .venv/bin/python lessons/figures/kv_quant_error.py    # about 20 seconds, one thread
     .venv/bin/python lessons/figures/kv_quant_error.py --model smollm2-135m-instruct  # prints only
+    .venv/bin/python lessons/figures/kv_quant_error.py --plot-only   # redraw from the .json
 
-It writes kv_quant_error.json and kv_quant_error.png next to itself (for the tiny model) and
-prints a table.
+It writes kv_quant_error.json, kv_quant_error.png and its Korean edition kv_quant_error.ko.png
+(figlang.py) next to itself (for the tiny model) and prints a table.
 """
 
 import argparse
 import json
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.kv import CacheEngine
@@ -139,12 +141,14 @@ def measure(model_dir: Path) -> dict:
     return out
 
 
-def draw(result: dict, path: Path) -> None:
+def draw(result: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
+    cases_ko = {"as trained": "학습된 그대로", "keys x 100, queries / 100": "키 x 100, 쿼리 / 100"}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharey=True)
     layers = list(range(result["layers"]))
     width = 0.8 / len(VARIANTS)
@@ -154,17 +158,21 @@ def draw(result: dict, path: Path) -> None:
             x = [layer + (i - (len(VARIANTS) - 1) / 2) * width for layer in layers]
             ratio = bf16 / result["bytes_per_token_head"][label]
             ax.bar(x, data["relative_error"][label], width, color=COLORS[label],
-                   label=f"{label} ({ratio:.2f}x the tokens of bf16)")
+                   label=T(f"{label} ({ratio:.2f}x the tokens of bf16)",
+                           f"{label} (bf16의 {ratio:.2f}배 토큰)"))
         kmax = max(data["key_absmax"])
-        ax.set_title(f"{case}: largest |key| {kmax:,.0f}", fontsize=10)
-        ax.set_xticks(layers, [f"layer {layer}" for layer in layers])
+        ax.set_title(T(f"{case}: largest |key| {kmax:,.0f}",
+                       f"{cases_ko.get(case, case)}: 가장 큰 |키| {kmax:,.0f}"), fontsize=10)
+        ax.set_xticks(layers, [T(f"layer {layer}", f"레이어 {layer}") for layer in layers])
         ax.set_yscale("log")
         ax.grid(alpha=0.3, axis="y", which="both")
-    axes[0].set_ylabel("relative error of the attention output")
+    axes[0].set_ylabel(T("relative error of the attention output", "어텐션 출력의 상대 오차"))
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
-    fig.suptitle(f"Attention over a quantized KV cache, {result['model']} "
-                 f"(head_dim {result['head_dim']}, {result['tokens']} tokens, each layer alone)",
+    fig.suptitle(T(f"Attention over a quantized KV cache, {result['model']} "
+                   f"(head_dim {result['head_dim']}, {result['tokens']} tokens, each layer alone)",
+                   f"양자화한 KV 캐시 위의 어텐션, {result['model']} "
+                   f"(head_dim {result['head_dim']}, 토큰 {result['tokens']}개, 레이어마다 따로)"),
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=130)
@@ -175,12 +183,18 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="another model: print its numbers, write "
                    "nothing (default: the tiny model, whose figure is drawn)")
+    p.add_argument("--plot-only", action="store_true",
+                   help="redraw both editions from kv_quant_error.json, measuring nothing")
     args = p.parse_args(argv)
+    if args.plot_only:
+        result = json.loads((HERE / "kv_quant_error.json").read_text())
+        figlang.draw_both(draw, HERE / "kv_quant_error.png", result)
+        return
     torch.set_num_threads(1)
     result = measure(Path(resolve_model(args.model)) if args.model else TINY)
     if args.model is None:
         (HERE / "kv_quant_error.json").write_text(json.dumps(result, indent=1) + "\n")
-        draw(result, HERE / "kv_quant_error.png")
+        figlang.draw_both(draw, HERE / "kv_quant_error.png", result)
     print(f"{result['model']}, {result['tokens']} tokens, head_dim {result['head_dim']}:")
     for kind, r in result["rows"].items():
         print(f"  {kind}: a row's largest |{kind}| / its RMS {r['amax_over_rms']:.2f} (median; "

@@ -12,11 +12,15 @@ per allocator, lowest slot on the left:
 - paged (block size 16): every physical block, full or partly filled; no reservation, and a
   free block serves anyone.
 
-    .venv/bin/python lessons/figures/memory_map.py      # a few seconds; writes memory_map.png
+    .venv/bin/python lessons/figures/memory_map.py      # a few seconds
+
+It writes memory_map.png and its Korean edition memory_map.ko.png (figlang.py).
 """
 
 import argparse
 from pathlib import Path
+
+import figlang
 
 from pagedllm.reference.kv_size import GIB, kv_size
 from pagedllm.reference.sim.simulator import Simulator, make_kv
@@ -29,6 +33,8 @@ COLORS = {"token_states": "#2b6cb0", "reserved": "#9dc3e6", "internal": "#d9534f
           "external": "#8c8c8c", "free": "#ffffff"}
 NAMES = {"token_states": "token states", "reserved": "reserved", "internal": "internal frag.",
          "external": "external frag.", "free": "free"}
+NAMES_KO = {"token_states": "토큰 상태", "reserved": "예약", "internal": "내부 단편화",
+            "external": "외부 단편화", "free": "빈 공간"}
 
 
 def snapshot(allocator: str, step: int, total_slots: int, seed: int) -> tuple[list, dict, list]:
@@ -65,13 +71,15 @@ def snapshot(allocator: str, step: int, total_slots: int, seed: int) -> tuple[li
     return segments, shares, [(slab.start, slab.length) for slab in alloc.slabs]
 
 
-def draw(step: int, seed: int, path: Path) -> None:
+def draw(step: int, seed: int, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    T = figlang.chooser(lang)
+    names = {p: T(NAMES[p], NAMES_KO[p]) for p in NAMES}
     total_slots = int(12 * GIB) // kv_size("opt-13b").bytes_per_token
     fig, axes = plt.subplots(len(ALLOCATORS), 1, figsize=(11, 5.6), sharex=True)
     for ax, (allocator, label) in zip(axes, ALLOCATORS.items(), strict=True):
@@ -85,16 +93,20 @@ def draw(step: int, seed: int, path: Path) -> None:
         ax.add_patch(plt.Rectangle((0, 0), total_slots, 1, fill=False, lw=0.6, edgecolor="#444"))
         ax.set_ylim(-0.05, 1.05)
         ax.set_yticks([])
-        summary = "   ".join(f"{NAMES[p]} {100 * shares[p]:.0f}%" for p in COLORS if shares[p])
+        summary = "   ".join(f"{names[p]} {100 * shares[p]:.0f}%" for p in COLORS if shares[p])
+        label = T(label, label.replace("paged, blocks of 16", "페이징, 블록 크기 16"))
         ax.set_title(f"{label}:   {summary}", loc="left", fontsize=9.5)
         for spine in ax.spines.values():
             spine.set_visible(False)
     axes[-1].set_xlim(0, total_slots)
-    axes[-1].set_xlabel(f"KV slot (OPT-13B, 12 GiB = {total_slots:,} token slots)")
-    handles = [Patch(facecolor=COLORS[p], edgecolor="#444", label=NAMES[p]) for p in COLORS]
+    axes[-1].set_xlabel(T(f"KV slot (OPT-13B, 12 GiB = {total_slots:,} token slots)",
+                          f"KV 슬롯 (OPT-13B, 12 GiB = 토큰 슬롯 {total_slots:,}개)"))
+    handles = [Patch(facecolor=COLORS[p], edgecolor="#444", label=names[p]) for p in COLORS]
     fig.legend(handles=handles, loc="lower center", ncol=5, frameon=False, fontsize=9)
-    fig.suptitle(f"One moment (step {step}) of the same ShareGPT-like trace under four "
-                 "allocators; black outlines are slabs", fontsize=10.5)
+    fig.suptitle(T(f"One moment (step {step}) of the same ShareGPT-like trace under four "
+                   "allocators; black outlines are slabs",
+                   f"같은 ShareGPT 유사 트레이스의 한 순간(스텝 {step})을 네 할당자로; 검은 "
+                   "테두리가 슬랩"), fontsize=10.5)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -106,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "memory_map.png")
     args = parser.parse_args(argv)
-    draw(args.step, args.seed, args.out)
-    print(f"wrote {args.out}")
+    for path in figlang.draw_both(draw, args.out, args.step, args.seed):
+        print(f"wrote {path}")
     return 0
 
 

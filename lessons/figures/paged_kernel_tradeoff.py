@@ -17,11 +17,14 @@ is printed too.
 
     .venv/bin/python lessons/figures/paged_kernel_tradeoff.py    # under a second
 
-It writes paged_kernel_tradeoff.json (every number) and paged_kernel_tradeoff.png next to itself.
+It writes paged_kernel_tradeoff.json (every number), paged_kernel_tradeoff.png and its Korean
+edition paged_kernel_tradeoff.ko.png (figlang.py) next to itself.
 """
 
 import json
 from pathlib import Path
+
+import figlang
 
 from pagedllm.reference.kv_size import kv_size
 
@@ -75,31 +78,38 @@ def compute() -> dict:
     }
 
 
-def draw(res: dict, path: Path) -> None:
+def draw(res: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     sweep = res["sweep"]
     ax.plot(sweep["slowdown"], sweep["paged"], color=COLORS["vLLM (paged)"], lw=2.2,
-            label="vLLM (paged): 31.2 requests, slower K/V reads")
+            label=T("vLLM (paged): 31.2 requests, slower K/V reads",
+                    "vLLM (페이징): 요청 31.2개, 더 느린 K/V 읽기"))
     rel = res["relative_to_max"]
     for name in ("Orca (Oracle)", "Orca (Max)"):
         running = ALLOCATORS[name][0]
         ax.axhline(rel[name], color=COLORS[name], ls="--", lw=1.5,
-                   label=f"{name}: {running:g} requests, contiguous kernel")
+                   label=T(f"{name}: {running:g} requests, contiguous kernel",
+                           f"{name}: 요청 {running:g}개, 연속 커널"))
     ax.axvspan(*PAPER_SLOWDOWN, color="#2b6cb0", alpha=0.15,
-               label="the paper's kernel: 20-26 % slower")
+               label=T("the paper's kernel: 20-26 % slower", "논문의 커널: 20-26 % 더 느림"))
     be = res["break_even_slowdown_vs_oracle"]
     ax.axvline(be, color="grey", lw=1, ls=":")
-    ax.annotate(f"break-even with Oracle\nat {be:.1f}× slower", (be, rel["Orca (Oracle)"]),
+    ax.annotate(T(f"break-even with Oracle\nat {be:.1f}× slower",
+                  f"{be:.1f}배 느릴 때\nOracle과 같아짐"), (be, rel["Orca (Oracle)"]),
                 xytext=(be - 0.7, rel["Orca (Oracle)"] - 0.75), fontsize=9,
                 arrowprops={"arrowstyle": "->", "color": "grey"})
-    ax.set_xlabel("paged attention kernel's K/V read time, relative to a contiguous kernel")
-    ax.set_ylabel("decode throughput, relative to Orca (Max)")
-    ax.set_title("OPT-13B, 12 GiB of KV: a slower kernel over a bigger batch", fontsize=11)
+    ax.set_xlabel(T("paged attention kernel's K/V read time, relative to a contiguous kernel",
+                    "페이지드 어텐션 커널의 K/V 읽기 시간, 연속 커널 대비"))
+    ax.set_ylabel(T("decode throughput, relative to Orca (Max)",
+                    "디코드 처리량, Orca (Max) 대비"))
+    ax.set_title(T("OPT-13B, 12 GiB of KV: a slower kernel over a bigger batch",
+                   "OPT-13B, KV 12 GiB: 더 큰 배치 위의 더 느린 커널"), fontsize=11)
     ax.set_xlim(1, 3)
     ax.set_ylim(0, 4)
     ax.grid(alpha=0.3)
@@ -112,7 +122,7 @@ def draw(res: dict, path: Path) -> None:
 def main() -> None:
     res = compute()
     (HERE / "paged_kernel_tradeoff.json").write_text(json.dumps(res, indent=1) + "\n")
-    draw(res, HERE / "paged_kernel_tradeoff.png")
+    figlang.draw_both(draw, HERE / "paged_kernel_tradeoff.png", res)
     for name, value in res["relative_to_max"].items():
         print(f"  {name:32} {value:.2f}x Orca (Max)")
     print(f"  paged loses to Oracle only past a {res['break_even_slowdown_vs_oracle']:.1f}x "

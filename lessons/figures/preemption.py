@@ -25,7 +25,8 @@ The figure has one column per mode:
 - bottom: tokens computed per step: decode, first prefill of a prompt, and prefill again of what
   a recomputed request had already computed once (the price of recompute).
 
-It writes preemption.png and preemption.json next to itself and prints a summary.
+It writes preemption.png, its Korean edition preemption.ko.png (figlang.py) and preemption.json
+next to itself and prints a summary.
 
     .venv/bin/python lessons/figures/preemption.py     # a few seconds
 """
@@ -34,6 +35,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.engine.llm import LLM
@@ -133,12 +135,13 @@ def summary(res: dict) -> dict:
     }
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     n_steps = max(len(r["steps"]) for r in results.values())
     fig, axes = plt.subplots(3, 2, figsize=(13, 9.2), sharex=True,
                              gridspec_kw={"height_ratios": [1.15, 1, 1]})
@@ -148,23 +151,30 @@ def plot(results: dict, path: Path) -> None:
         x = [r["step"] for r in steps]
         ax = axes[0, col]
         ax.step(x, [r["blocks_used"] for r in steps], where="mid", color=COLORS["gpu"],
-                label="GPU blocks in use")
+                label=T("GPU blocks in use", "사용 중인 GPU 블록"))
         if mode == "swap":
             ax.step(x, [r["cpu_blocks"] for r in steps], where="mid", color=COLORS["cpu"],
-                    label="blocks swapped out to the CPU pool")
+                    label=T("blocks swapped out to the CPU pool", "CPU 풀로 스왑 아웃된 블록"))
         ax.axhline(NUM_GPU_BLOCKS, color="black", linestyle="--", linewidth=1)
-        ax.text(0.5, NUM_GPU_BLOCKS + 0.6, f"GPU pool: {NUM_GPU_BLOCKS} blocks of {BLOCK_SIZE}",
-                fontsize=9)
+        ax.text(0.5, NUM_GPU_BLOCKS + 0.6,
+                T(f"GPU pool: {NUM_GPU_BLOCKS} blocks of {BLOCK_SIZE}",
+                  f"GPU 풀: 크기 {BLOCK_SIZE}의 블록 {NUM_GPU_BLOCKS}개"), fontsize=9)
         ax.set_ylim(0, NUM_GPU_BLOCKS + 9)
-        ax.set_ylabel("KV blocks")
+        ax.set_ylabel(T("KV blocks", "KV 블록"))
         count = s["preemptions_recompute"] + s["preemptions_swap"]
-        detail = [f"{s['swap_ins']} swap-ins, {s['blocks_swapped_out']} blocks copied out and "
-                  "back"] if mode == "swap" else []
-        if s["recomputed_tokens"]:  # swap falls back to recompute when the CPU pool is full
-            detail.append(f"{s['recomputed_tokens']} tokens computed a second time")
-        ax.set_title(f"preemption_mode=\"{mode}\"\n{s['steps']} steps, {count} preemptions"
-                     + (f" ({s['preemptions_recompute']} by recompute)"
-                        if mode == "swap" and s["preemptions_recompute"] else "")
+        swap_ins, out, again = s["swap_ins"], s["blocks_swapped_out"], s["recomputed_tokens"]
+        detail = [T(f"{swap_ins} swap-ins, {out} blocks copied out and back",
+                    f"스왑 인 {swap_ins}번, 블록 {out}개를 내보냈다 되가져옴")
+                  ] if mode == "swap" else []
+        if again:  # swap falls back to recompute when the CPU pool is full
+            detail.append(T(f"{again} tokens computed a second time",
+                            f"토큰 {again}개를 두 번 계산"))
+        by_recompute = s["preemptions_recompute"] if mode == "swap" else 0
+        ax.set_title(f"preemption_mode=\"{mode}\"\n"
+                     + T(f"{s['steps']} steps, {count} preemptions",
+                         f"{s['steps']} 스텝, 선점 {count}번")
+                     + (T(f" ({by_recompute} by recompute)", f" (재계산으로 {by_recompute}번)")
+                        if by_recompute else "")
                      + ", " + ", ".join(detail), fontsize=10.5, loc="left")
         for step, _ in s["preemption_events"]:
             for row in range(3):
@@ -175,27 +185,32 @@ def plot(results: dict, path: Path) -> None:
         for step, victims in by_step.items():
             ax.text(step, NUM_GPU_BLOCKS + 3.2, "\n".join(victims), color="#c53030",
                     fontsize=9, fontweight="bold", ha="center", va="bottom")
-        ax.plot([], [], color="#c53030", linewidth=0.8, label="preemption (victim named above)")
+        ax.plot([], [], color="#c53030", linewidth=0.8, label=T("preemption (victim named above)",
+                                                        "선점 (위에 적은 것이 희생자)"))
         ax.legend(loc="lower right", fontsize=8.5, framealpha=0.9)
 
         ax = axes[1, col]
         kinds = ["running", "waiting", "swapped"]
         ax.stackplot(x, *[[r[k] for r in steps] for k in kinds], step="mid",
-                     colors=[COLORS[k] for k in kinds], labels=kinds, alpha=0.9)
-        ax.set_ylabel("requests")
+                     colors=[COLORS[k] for k in kinds], alpha=0.9,
+                     labels=[T(k, {"running": "실행", "waiting": "대기", "swapped": "스왑됨"}[k])
+                             for k in kinds])
+        ax.set_ylabel(T("requests", "요청"))
         ax.set_ylim(0, len(PROMPT_LENS) + 0.5)
         ax.legend(loc="upper right", fontsize=8.5, framealpha=0.9)
 
         ax = axes[2, col]
         bottom = [0] * len(steps)
-        labels = {"decode": "decode", "prefill": "prefill of a new prompt",
-                  "recompute": "prefill again after a recompute preemption"}
+        labels = {"decode": T("decode", "디코드"),
+                  "prefill": T("prefill of a new prompt", "새 프롬프트의 프리필"),
+                  "recompute": T("prefill again after a recompute preemption",
+                                 "재계산 선점 뒤 다시 하는 프리필")}
         for kind in ("decode", "prefill", "recompute"):
             vals = [r["tokens"][kind] for r in steps]
             ax.bar(x, vals, bottom=bottom, width=0.85, color=COLORS[kind], label=labels[kind])
             bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
-        ax.set_ylabel("tokens computed")
-        ax.set_xlabel("engine step")
+        ax.set_ylabel(T("tokens computed", "계산한 토큰"))
+        ax.set_xlabel(T("engine step", "엔진 스텝"))
         ax.legend(loc="upper right", fontsize=8.5, framealpha=0.9)
         ax.set_xlim(-1, n_steps + 1)
     fig.tight_layout()
@@ -225,7 +240,7 @@ def main() -> None:
            "modes": {mode: {"summary": summary(res), "steps": res["steps"]}
                      for mode, res in results.items()}}
     (HERE / "preemption.json").write_text(json.dumps(out, indent=1))
-    plot(results, HERE / "preemption.png")
+    figlang.draw_both(plot, HERE / "preemption.png", results)
     print(f"without preemption ({BIG_POOL} blocks): {len(reference['steps'])} steps")
     for mode in MODES:
         s = out["modes"][mode]["summary"]

@@ -25,17 +25,20 @@ It checks what the lesson claims: the same tokens with caching off and on; reque
 its whole prompt; every later request reuses floor(P / 16) full blocks of the P-token prefix
 and computes the rest; the repeated request reuses all of its blocks but the last (at least its
 last token is always computed); and the total saved is full prefix blocks × 16 × (requests
-after the first) plus what the repeat adds. It writes prefix_cache.png and prefix_cache.json
-next to itself.
+after the first) plus what the repeat adds. It writes prefix_cache.png, its Korean edition
+prefix_cache.ko.png (figlang.py) and prefix_cache.json next to itself.
 
     .venv/bin/python lessons/figures/prefix_cache.py     # about 15 seconds
+    .venv/bin/python lessons/figures/prefix_cache.py --plot-only   # redraw from the .json
 """
 
+import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.engine.llm import LLM
@@ -154,11 +157,13 @@ def check(name: str, prefix_len: int, off: dict, on: dict) -> dict:
     }
 
 
-def draw(results: dict, path: Path) -> None:
+def draw(results: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    T = figlang.chooser(lang)
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.6),
                              gridspec_kw={"height_ratios": [1.15, 1]})
     for col, (name, res) in enumerate(results.items()):
@@ -168,27 +173,32 @@ def draw(results: dict, path: Path) -> None:
         ax = axes[0, col]
         w = 0.38
         ax.bar([i - w / 2 for i in x], [r["prefill_tokens"] for r in off], w, color=OFF,
-               label="caching off: tokens computed")
+               label=T("caching off: tokens computed", "캐싱 끔: 계산한 토큰"))
         ax.bar([i + w / 2 for i in x], [r["prefill_tokens"] for r in on], w, color=ON,
-               label="caching on: tokens computed")
+               label=T("caching on: tokens computed", "캐싱 켬: 계산한 토큰"))
         ax.bar([i + w / 2 for i in x], [r["hit_tokens"] for r in on], w,
                bottom=[r["prefill_tokens"] for r in on], color=HIT, hatch="///",
-               edgecolor="white", label="caching on: found in the cache")
+               edgecolor="white", label=T("caching on: found in the cache",
+                                          "캐싱 켬: 캐시에서 찾음"))
         for i, r in enumerate(on):
             ax.text(i + w / 2, r["prefill_tokens"] + r["hit_tokens"] + 4,
                     str(r["prefill_tokens"]), ha="center", fontsize=8.5, color=ON,
                     fontweight="bold")
         rest = s["prefix_len"] % BLOCK_SIZE
         ax.axhline(s["prefix_len"], color="#555555", ls=":", lw=1.2,
-                   label=f"shared prefix: {s['full_prefix_blocks']} blocks"
-                   + (f" + {rest} tokens" if rest else ""))
+                   label=T(f"shared prefix: {s['full_prefix_blocks']} blocks"
+                           + (f" + {rest} tokens" if rest else ""),
+                           f"공유 프리픽스: 블록 {s['full_prefix_blocks']}개"
+                           + (f" + 토큰 {rest}개" if rest else "")))
         ax.set_xticks(list(x))
         ax.set_xticklabels([str(i) for i in range(n - 1)] + [f"{n - 1}\n(= {REPEAT})"])
-        ax.set_xlabel("request (one at a time)")
-        ax.set_ylabel("prompt tokens")
+        ax.set_xlabel(T("request (one at a time)", "요청 (한 번에 하나씩)"))
+        ax.set_ylabel(T("prompt tokens", "프롬프트 토큰"))
         ax.set_ylim(0, max(r["prompt_len"] for r in off) * 1.4)
-        ax.set_title(f"{name}: shared prefix of {s['prefix_len']} tokens, blocks of "
-                     f"{BLOCK_SIZE}\n(numbers: tokens computed with caching on)", loc="left",
+        ax.set_title(T(f"{name}: shared prefix of {s['prefix_len']} tokens, blocks of "
+                       f"{BLOCK_SIZE}\n(numbers: tokens computed with caching on)",
+                       f"{name}: 공유 프리픽스 {s['prefix_len']}토큰, 블록 크기 "
+                       f"{BLOCK_SIZE}\n(숫자: 캐싱을 켰을 때 계산한 토큰)"), loc="left",
                      fontsize=10.5)
         ax.legend(loc="upper left", fontsize=8.5, framealpha=0.95, ncol=2)
 
@@ -198,29 +208,52 @@ def draw(results: dict, path: Path) -> None:
             cum["off"].append((cum["off"] or [0])[-1] + a["prefill_tokens"])
             cum["on"].append((cum["on"] or [0])[-1] + b["prefill_tokens"])
             cum["hit"].append((cum["hit"] or [0])[-1] + b["hit_tokens"])
-        ax.plot(x, cum["off"], "o-", color=OFF, label="prefill tokens computed, caching off")
-        ax.plot(x, cum["on"], "o-", color=ON, label="prefill tokens computed, caching on")
+        ax.plot(x, cum["off"], "o-", color=OFF, label=T("prefill tokens computed, caching off",
+                                                       "계산한 프리필 토큰, 캐싱 끔"))
+        ax.plot(x, cum["on"], "o-", color=ON, label=T("prefill tokens computed, caching on",
+                                                     "계산한 프리필 토큰, 캐싱 켬"))
         ax.plot(x, cum["hit"], "s--", color="#3182ce", mfc=HIT,
-                label="prefix-cache hit tokens (stats)")
-        ax.set_title(f"caching on computes {s['prefill_tokens_on']} of "
-                     f"{s['prefill_tokens_off']} prefill tokens "
-                     f"({100 * s['prefill_share_computed_on']:.0f} %); saved "
-                     f"{s['saved_tokens']} =\n{s['saved_tokens_formula']}", loc="left",
-                     fontsize=10)
+                label=T("prefix-cache hit tokens (stats)", "프리픽스 캐시 적중 토큰 (통계)"))
+        on_, off_, share = (s["prefill_tokens_on"], s["prefill_tokens_off"],
+                            f"{100 * s['prefill_share_computed_on']:.0f}")
+        saved = f"{s['saved_tokens']} =\n{s['saved_tokens_formula']}"
+        ax.set_title(T(f"caching on computes {on_} of {off_} prefill tokens ({share} %); "
+                       f"saved {saved}",
+                       f"캐싱을 켜면 프리필 토큰 {off_}개 중 {on_}개를 계산 ({share} %); "
+                       f"아낀 토큰 {saved}"), loc="left", fontsize=10)
         ax.set_xticks(list(x))
-        ax.set_xlabel("request")
-        ax.set_ylabel("tokens, cumulative")
+        ax.set_xlabel(T("request", "요청"))
+        ax.set_ylabel(T("tokens, cumulative", "토큰, 누적"))
         ax.set_ylim(0, cum["off"][-1] * 1.08)
         ax.legend(loc="upper left", fontsize=8.5, framealpha=0.95)
-    fig.suptitle(f"Prefix caching on a shared prompt: {len(QUESTION_LENS)} requests, then "
-                 f"request {len(QUESTION_LENS)} repeats request {REPEAT} exactly",
-                 fontsize=12.5)
+    n = len(QUESTION_LENS)
+    fig.suptitle(T(f"Prefix caching on a shared prompt: {n} requests, then "
+                   f"request {n} repeats request {REPEAT} exactly",
+                   f"공유 프롬프트 위의 프리픽스 캐싱: 요청 {n}개, 그다음 "
+                   f"요청 {n}이 요청 {REPEAT}를 그대로 되풀이"), fontsize=12.5)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def main() -> None:
+def from_json(out: dict) -> dict:
+    """draw()'s input again, from what prefix_cache.json keeps of the runs."""
+    def requests(r: dict, mode: str) -> list[dict]:
+        return [{"prompt_len": q["prompt_len"], "prefill_tokens": q[f"prefill_tokens_{mode}"],
+                 "hit_tokens": q["hit_tokens"] if mode == "on" else 0} for q in r["requests"]]
+
+    return {name: {"off": {"requests": requests(r, "off")}, "on": {"requests": requests(r, "on")},
+                   "summary": r["summary"]} for name, r in out["workloads"].items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw both editions from prefix_cache.json, measuring nothing")
+    if parser.parse_args(argv).plot_only:
+        out = json.loads((HERE / "prefix_cache.json").read_text())
+        figlang.draw_both(draw, HERE / "prefix_cache.png", from_json(out))
+        return
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,7 +292,7 @@ def main() -> None:
                                 "same_tokens": True}
                          for name, r in results.items()}}
     (HERE / "prefix_cache.json").write_text(json.dumps(out, indent=1))
-    draw(results, HERE / "prefix_cache.png")
+    figlang.draw_both(draw, HERE / "prefix_cache.png", results)
     for name, r in out["workloads"].items():
         s = r["summary"]
         print(f"{name}: prefix {s['prefix_len']} tokens ({s['full_prefix_blocks']} full blocks "

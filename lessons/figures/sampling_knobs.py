@@ -16,15 +16,19 @@ exponential race: it runs the real ``sample`` on 4,000 rows that differ only in 
 stream (seeds 0 to 3,999) and overlays how often each token was drawn. The frequencies should
 match the bars to within sampling noise (a few points of a percent at 4,000 draws).
 
-It writes sampling_knobs.png and sampling_knobs.json next to itself and prints a summary.
+It writes sampling_knobs.png, its Korean edition sampling_knobs.ko.png (figlang.py) and
+sampling_knobs.json next to itself and prints a summary.
 
     .venv/bin/python lessons/figures/sampling_knobs.py     # a few seconds
+    .venv/bin/python lessons/figures/sampling_knobs.py --plot-only   # redraw from the .json
 """
 
+import argparse
 import json
 import math
 from pathlib import Path
 
+import figlang
 import matplotlib
 
 matplotlib.use("Agg")
@@ -88,7 +92,47 @@ def entropy_bits(p: torch.Tensor) -> float:
     return float(-(p * p.log2()).sum())
 
 
-def main() -> None:
+def draw(data: dict, path: Path, lang: str = "en") -> None:
+    """Six panels, one per setting, from what sampling_knobs.json keeps."""
+    T = figlang.chooser(lang)
+    results, labels, vocab = data["knobs"], data["tokens"], data["vocab_size"]
+    fig, axes = plt.subplots(3, 2, figsize=(11, 9.5), dpi=110, sharex=True, sharey=True)
+    x = range(SHOWN)
+    for ax, r in zip(axes.flat, results, strict=True):
+        kept = [p > 0 for p in r["probs"]]
+        ax.bar(x, r["probs"], color=["#2b6cb0" if k else "#cccccc" for k in kept],
+               label=T("probability the sampler uses", "샘플러가 쓰는 확률"))
+        ax.plot(x, r["freqs"], "o", color="#c53030", markersize=3.5,
+                label=T(f"share of {DRAWS:,} seeded draws", f"시드를 준 {DRAWS:,}번 추출의 비율"))
+        title = T(r["title"], r["title"].replace("raw", "원래 분포").replace("temperature", "온도"))
+        ax.set_title(T(f"{title}\n{r['kept']:,} of {vocab:,} tokens kept, "
+                       f"entropy {r['entropy_bits']:.2f} bits",
+                       f"{title}\n토큰 {vocab:,}개 중 {r['kept']:,}개 남음, "
+                       f"엔트로피 {r['entropy_bits']:.2f}비트"), fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, rotation=70, fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(T("probability", "확률"))
+    axes[0, 0].legend(fontsize=8, loc="upper right")
+    fig.suptitle(T(f"Next token after {PROMPT!r} (tiny-pydoc): the {SHOWN} most likely raw "
+                   "tokens under each setting",
+                   f"{PROMPT!r} 뒤의 다음 토큰 (tiny-pydoc): 설정마다, 원래 분포에서 가장 "
+                   f"확률이 높은 토큰 {SHOWN}개"), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw both editions from sampling_knobs.json, measuring nothing")
+    if parser.parse_args(argv).plot_only:
+        data = json.loads((HERE / "sampling_knobs.json").read_text())
+        figlang.draw_both(draw, HERE / "sampling_knobs.png", data)
+        return
     torch.set_num_threads(1)
     path = default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -111,33 +155,12 @@ def main() -> None:
             "drawn_outside_kept": int(((f > 0) & (p == 0)).sum()),
         })
 
-    fig, axes = plt.subplots(3, 2, figsize=(11, 9.5), dpi=110, sharex=True, sharey=True)
-    x = range(SHOWN)
-    for ax, r in zip(axes.flat, results, strict=True):
-        kept = [p > 0 for p in r["probs"]]
-        ax.bar(x, r["probs"], color=["#2b6cb0" if k else "#cccccc" for k in kept],
-               label="probability the sampler uses")
-        ax.plot(x, r["freqs"], "o", color="#c53030", markersize=3.5,
-                label=f"share of {DRAWS:,} seeded draws")
-        ax.set_title(f"{r['title']}\n{r['kept']:,} of {logits.shape[-1]:,} tokens kept, "
-                     f"entropy {r['entropy_bits']:.2f} bits", fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    for ax in axes[-1]:
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, rotation=70, fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("probability")
-    axes[0, 0].legend(fontsize=8, loc="upper right")
-    fig.suptitle(f"Next token after {PROMPT!r} (tiny-pydoc): the {SHOWN} most likely raw tokens "
-                 "under each setting", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(HERE / "sampling_knobs.png")
-
-    (HERE / "sampling_knobs.json").write_text(json.dumps({
-        "prompt": PROMPT, "prompt_ids": tokenizer(PROMPT).input_ids,
-        "vocab_size": int(logits.shape[-1]), "draws": DRAWS,
-        "tokens": labels, "token_ids": [int(t) for t in order], "knobs": results,
-    }, indent=1, ensure_ascii=False) + "\n")
+    data = {"prompt": PROMPT, "prompt_ids": tokenizer(PROMPT).input_ids,
+            "vocab_size": int(logits.shape[-1]), "draws": DRAWS,
+            "tokens": labels, "token_ids": [int(t) for t in order], "knobs": results}
+    figlang.draw_both(draw, HERE / "sampling_knobs.png", data)
+    (HERE / "sampling_knobs.json").write_text(json.dumps(data, indent=1, ensure_ascii=False)
+                                              + "\n")
     for r in results:
         print(f"{r['title']:32s} kept {r['kept']:5d}  entropy {r['entropy_bits']:6.3f} bits  "
               f"top-{SHOWN} mass {r['shown_mass']:.3f}  max |p - freq| {r['max_abs_gap']:.4f}  "

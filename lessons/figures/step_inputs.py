@@ -28,8 +28,8 @@ them all and draws step 1:
 It checks that step 1 mixes decodes, a last chunk, a whole prompt and a first chunk, what the
 lesson says about every step's inputs (every slot is block_table[p // 4] * 4 + p % 4, every
 sampled row is the last row of its sequence, seq_lens are the last position + 1), and that every
-request's tokens equal its tokens when it runs alone. It writes step_inputs.png and
-step_inputs.json next to itself.
+request's tokens equal its tokens when it runs alone. It writes step_inputs.png, its Korean
+edition step_inputs.ko.png (figlang.py) and step_inputs.json next to itself.
 
     .venv/bin/python lessons/figures/step_inputs.py     # a few seconds
 """
@@ -39,6 +39,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.engine.llm import LLM
@@ -169,13 +170,15 @@ def check(step: dict) -> None:
     assert len(step["sampling"]["streams"]) == len(step["logits_indices"])
 
 
-def draw(step: dict, path: Path) -> None:
+def draw(step: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    tr = figlang.chooser(lang)  # (T is the batch's token rows, as in the lesson)
+    chunk_ko = {"first chunk": "첫 청크", "middle chunk": "중간 청크", "last chunk": "마지막 청크"}
     seqs = step["sequences"]
     T = len(step["input_ids"])
     owner = {}  # row -> request id
@@ -204,8 +207,8 @@ def draw(step: dict, path: Path) -> None:
     for r in range(T):  # row numbers
         ax.text(r * w + w / 2, 1.05, str(r), ha="center", va="bottom", fontsize=9,
                 color="#555555")
-    ax.text(-0.3, 1.05, "row", ha="right", va="bottom", fontsize=10, color="#555555",
-            family="monospace")
+    ax.text(-0.3, 1.05, tr("row", "행"), ha="right", va="bottom", fontsize=10, color="#555555",
+            family="monospace" if lang == "en" else None)  # a monospace font has no Hangul
     for s in seqs:  # one bracket and label per sequence
         lo, hi = s["rows"]
         req = s["request_id"]
@@ -215,12 +218,14 @@ def draw(step: dict, path: Path) -> None:
         end = start + s["num_tokens"] - 1
         samples = s["sampled_rows"]
         if what == "decode":
-            detail = f"decode\npos {start}"
+            detail = tr(f"decode\npos {start}", f"디코드\n위치 {start}")
         elif what == "prefill (whole prompt)":
-            detail = f"whole prompt\n{s['num_tokens']} tokens" + (
+            detail = tr(f"whole prompt\n{s['num_tokens']} tokens",
+                        f"프롬프트 전체\n토큰 {s['num_tokens']}개") + (
                 f", n = {samples}" if samples > 1 else "")
         else:
-            detail = f"{what}\npositions {start}-{end} of {s['prompt_len']}"
+            detail = tr(f"{what}\npositions {start}-{end} of {s['prompt_len']}",
+                        f"{chunk_ko.get(what, what)}\n{s['prompt_len']}개 중 위치 {start}-{end}")
         ax.text((lo + hi) * w / 2, 1.75, f"{req}\n{detail}", ha="center", va="bottom",
                 fontsize=9.5 if hi - lo > 1 else 8.5, color=COLORS[req], fontweight="bold",
                 linespacing=1.2)
@@ -237,8 +242,8 @@ def draw(step: dict, path: Path) -> None:
     for r, c in counts.items():
         ax.annotate("", xy=(r * w + w / 2, -2.05), xytext=(r * w + w / 2, -3.05),
                     arrowprops={"arrowstyle": "-|>", "color": COLORS[owner[r]], "lw": 2})
-        ax.text(r * w + w / 2, -3.15, f"row {r}" + (f"\n× {c}" if c > 1 else ""), ha="center",
-                va="top", fontsize=10, color=COLORS[owner[r]], fontweight="bold")
+        ax.text(r * w + w / 2, -3.15, tr(f"row {r}", f"행 {r}") + (f"\n× {c}" if c > 1 else ""),
+                ha="center", va="top", fontsize=10, color=COLORS[owner[r]], fontweight="bold")
     ax.text(-0.3, -3.15, "logits_indices", ha="right", va="top", fontsize=11,
             family="monospace")
     ax.text(T * w + 0.3, -3.15, f"= {step['logits_indices']}", ha="left", va="top",
@@ -246,9 +251,12 @@ def draw(step: dict, path: Path) -> None:
     ax.set_xlim(-3.2, T * w + 4.2)
     ax.set_ylim(-4.2, 3.3)
     ax.axis("off")
-    ax.set_title(f"Step {SHOWN_STEP}: one flat batch of T = {T} token rows from "
-                 f"{len(seqs)} sequences (token budget {BUDGET}); the model runs once on all "
-                 "of them", fontsize=12.5, loc="left")
+    ax.set_title(tr(f"Step {SHOWN_STEP}: one flat batch of T = {T} token rows from "
+                    f"{len(seqs)} sequences (token budget {BUDGET}); the model runs once on all "
+                    "of them",
+                    f"스텝 {SHOWN_STEP}: 시퀀스 {len(seqs)}개의 토큰 행 T = {T}개로 된 평평한 "
+                    f"배치 하나 (토큰 예산 {BUDGET}); 모델은 이 모두에 대해 한 번 실행된다"),
+                 fontsize=12.5, loc="left")
 
     # Bottom left: block tables and sequence lengths.
     ax = fig.add_subplot(grid[1, 0])
@@ -257,7 +265,8 @@ def draw(step: dict, path: Path) -> None:
     for b, (s, row) in enumerate(zip(seqs, tables, strict=True)):
         req = s["request_id"]
         y = -b
-        ax.text(-0.25, y + 0.4, f"{req}  (seq {s['seq_id']})", ha="right", va="center",
+        ax.text(-0.25, y + 0.4, tr(f"{req}  (seq {s['seq_id']})", f"{req}  (시퀀스 {s['seq_id']})"),
+                ha="right", va="center",
                 fontsize=10.5, color=COLORS[req], fontweight="bold")
         for j, block in enumerate(row):
             real = j < s["blocks_held"]  # past it: padding
@@ -271,9 +280,13 @@ def draw(step: dict, path: Path) -> None:
             family="monospace")
     ax.text(width + 0.9, 1.0, "seq_lens", ha="center", va="bottom", fontsize=11,
             family="monospace")
-    ax.text(-2.4, -len(seqs) - 0.1, "grey: padding (0), never read: attention reads\n"
-            f"ceil(seq_len / {BLOCK_SIZE}) entries of a row. seq_lens: tokens\n"
-            "in the cache once this step's K/V are stored.", ha="left", va="top",
+    ax.text(-2.4, -len(seqs) - 0.1, tr(
+        "grey: padding (0), never read: attention reads\n"
+        f"ceil(seq_len / {BLOCK_SIZE}) entries of a row. seq_lens: tokens\n"
+        "in the cache once this step's K/V are stored.",
+        "회색: 패딩 (0), 읽히지 않음: 어텐션은 행마다\n"
+        f"ceil(seq_len / {BLOCK_SIZE})개 항목만 읽는다. seq_lens: 이 스텝의\n"
+        "K/V를 저장한 뒤 캐시에 있는 토큰 수."), ha="left", va="top",
             fontsize=9.5, color="#444444")
     ax.set_xlim(-2.6, width + 2)
     ax.set_ylim(-len(seqs) - 1.5, 1.6)
@@ -314,18 +327,24 @@ def draw(step: dict, path: Path) -> None:
                     color=color, fontweight="bold" if slot in written else "normal")
             ax.text(x + 0.5, by - 0.02, str(slot), ha="center", va="top", fontsize=7,
                     color="#888888")
-        ax.text(bx + BLOCK_SIZE / 2, by + 0.88, f"block {block}", ha="center", va="bottom",
+        ax.text(bx + BLOCK_SIZE / 2, by + 0.88, tr(f"block {block}", f"블록 {block}"),
+                ha="center", va="bottom",
                 fontsize=9.5, color="black" if any(block * BLOCK_SIZE + o in holder
                                                   for o in range(BLOCK_SIZE)) else "#999999")
     rows = -(-n_blocks // per_row)
     ax.text(0, -(rows - 1) * 1.45 - 0.55,
-            "dark: written this step, at slot_mapping (numbers: token positions; small: slot "
-            "ids)\nlight: K/V stored by earlier steps     hatched: allocated, not yet written",
+            tr("dark: written this step, at slot_mapping (numbers: token positions; small: "
+               "slot ids)\nlight: K/V stored by earlier steps     hatched: allocated, not yet "
+               "written",
+               "진한 색: 이 스텝에 slot_mapping 자리에 쓴 것 (숫자: 토큰 위치; 작은 숫자: 슬롯 "
+               "번호)\n연한 색: 이전 스텝들이 저장한 K/V     빗금: 할당되었지만 아직 쓰지 않음"),
             ha="left", va="top", fontsize=9.5, color="#444444")
     ax.set_xlim(-0.3, per_row * (BLOCK_SIZE + 0.6))
     ax.set_ylim(-(rows - 1) * 1.45 - 1.5, 1.4)
     ax.axis("off")
-    ax.set_title(f"the KV pool (blocks of {BLOCK_SIZE} slots), as the step's store_kv leaves it",
+    ax.set_title(tr(f"the KV pool (blocks of {BLOCK_SIZE} slots), as the step's store_kv "
+                    "leaves it",
+                    f"스텝의 store_kv가 마친 뒤의 KV 풀 (슬롯 {BLOCK_SIZE}개짜리 블록)"),
                  fontsize=11.5, loc="left")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -360,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
            "tokens": result["tokens"], "same_tokens_as_alone": True}
     json_path = args.out.with_suffix(".json")
     json_path.write_text(json.dumps(out, indent=1))
-    draw(step, args.out)
+    figlang.draw_both(draw, args.out, step)
     print(f"step {SHOWN_STEP}: " + ", ".join(f"{s['request_id']} {s['kind']} "
                                              f"({s['num_tokens']})" for s in step["sequences"]))
     for name in ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens",
@@ -370,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{step['sampling']['positions']}, temperature {step['sampling']['temperature']}")
     print("steps: " + "; ".join(f"{s['step']}: {s['tokens']} tokens" for s in out["steps"]))
     print(f"every request's tokens equal its tokens alone: {out['same_tokens_as_alone']}")
-    print(f"wrote {args.out} and {json_path}")
+    print(f"wrote {args.out}, {figlang.edition(args.out, 'ko')} and {json_path}")
     return 0
 
 

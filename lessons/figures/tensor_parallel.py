@@ -16,12 +16,14 @@ share keeps falling.
 
     .venv/bin/python lessons/figures/tensor_parallel.py    # a few seconds
 
-It writes tensor_parallel.json and tensor_parallel.png next to itself and prints both tables.
+It writes tensor_parallel.json, tensor_parallel.png and its Korean edition tensor_parallel.ko.png
+(figlang.py) next to itself and prints both tables.
 """
 
 import json
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.reference.deployment import deployment
@@ -100,11 +102,22 @@ def planner() -> list[dict]:
     return out
 
 
-def draw(split: dict, plan: list[dict], path: Path) -> None:
+def draw(split: dict, plan: list[dict], path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    T = figlang.chooser(lang)
+    ko_words = {"vocabulary rows": "어휘 행", "output rows": "출력 행",
+                "input columns": "입력 열", "groups of 64": "그룹 64",
+                "gather [S, vocab] to rank 0": "랭크 0으로 gather [S, vocab]"}
+
+    def words(text: str) -> str:  # the Korean edition's words in the data's labels
+        if lang == "ko":
+            for en, ko in ko_words.items():
+                text = text.replace(en, ko)
+        return text
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12.5, 4.8),
                                  gridspec_kw={"width_ratios": [1.35, 1]})
@@ -117,9 +130,11 @@ def draw(split: dict, plan: list[dict], path: Path) -> None:
                     color=RANK_COLORS[rank], edgecolor="white")
             ax.text((start + end) / 2 / size, yi, f"{start}–{end - 1}", ha="center",
                     va="center", color="white", fontsize=7.5)
-        ax.text(-0.02, yi, f"{row['weight']} {row['shape'][0]}×{row['shape'][1]}\n"
-                f"by {row['split']}", ha="right", va="center", fontsize=8)
-        comm = row["communication"] or "nothing sent"
+        shape = f"{row['weight']} {row['shape'][0]}×{row['shape'][1]}"
+        ax.text(-0.02, yi, T(f"{shape}\nby {row['split']}", f"{shape}\n{words(row['split'])} 분할"),
+                ha="right", va="center", fontsize=8)
+        comm = words(row["communication"]) if row["communication"] else T("nothing sent",
+                                                                            "보내는 것 없음")
         ax.text(1.03, yi, comm, ha="left", va="center", fontsize=8,
                 color="#c53030" if row["communication"] else "#718096",
                 fontweight="bold" if row["communication"] else "normal")
@@ -130,31 +145,41 @@ def draw(split: dict, plan: list[dict], path: Path) -> None:
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
     qh, kvh = split["query_heads"], split["kv_heads"]
-    ax.set_title(f"One layer of {split['model']} on {split['ranks']} ranks (rank 0 blue, rank 1 "
-                 f"orange)\nrank 0: query heads {qh[0][0]}–{qh[0][1] - 1}, KV head {kvh[0][0]}; "
-                 f"rank 1: query heads {qh[1][0]}–{qh[1][1] - 1}, KV head {kvh[1][0]}",
-                 fontsize=9.5)
+    q0, q1 = f"{qh[0][0]}–{qh[0][1] - 1}", f"{qh[1][0]}–{qh[1][1] - 1}"
+    ax.set_title(T(f"One layer of {split['model']} on {split['ranks']} ranks (rank 0 blue, "
+                   f"rank 1 orange)\nrank 0: query heads {q0}, KV head {kvh[0][0]}; "
+                   f"rank 1: query heads {q1}, KV head {kvh[1][0]}",
+                   f"랭크 {split['ranks']}개에 나눈 {split['model']}의 레이어 하나 (랭크 0 파랑, "
+                   f"랭크 1 주황)\n랭크 0: 쿼리 헤드 {q0}, KV 헤드 {kvh[0][0]}; "
+                   f"랭크 1: 쿼리 헤드 {q1}, KV 헤드 {kvh[1][0]}"), fontsize=9.5)
 
     width = 0.26
     for i, (label, _) in enumerate(SCHEMES):
         mine = [r for r in plan if r["weights"] == label]
         xs = [j + (i - 1) * width for j in range(len(SIZES))]
         bars = bx.bar(xs, [r["sequences"] for r in mine], width, color=SCHEME_COLORS[label],
-                      label=label)
+                      label=words(label))
         for x, r, bar in zip(xs, mine, bars, strict=True):
-            text = f"{r['sequences']}" if r["fits"] else "no"
+            text = f"{r['sequences']}" if r["fits"] else T("no", "불가")
             bx.text(x, bar.get_height() + 1, text, ha="center", va="bottom", fontsize=7.5)
     heads = {r["tensor_parallel_size"]: r["kv_heads_per_gpu"] for r in plan}
     bx.set_xticks(range(len(SIZES)),
-                  [f"{n}\n{heads[n]} KV head{'s' if heads[n] > 1 else ''}" for n in SIZES],
+                  [T(f"{n}\n{heads[n]} KV head{'s' if heads[n] > 1 else ''}",
+                     f"{n}\nKV 헤드 {heads[n]}개") for n in SIZES],
                   fontsize=8)
     bx.axvline(3.5, color="#a0aec0", ls="--", lw=1)
-    bx.text(3.45, bx.get_ylim()[1] * 0.97, "more GPUs than KV heads:\neach head replicated \u2192",
+    bx.text(3.45, bx.get_ylim()[1] * 0.97,
+            T("more GPUs than KV heads:\neach head replicated \u2192",
+              "GPU가 KV 헤드보다 많음:\n헤드마다 복제 \u2192"),
             fontsize=7.5, ha="right", va="top", color="#4a5568")
-    bx.set_xlabel("tensor_parallel_size (GPUs), and KV heads each GPU keeps", fontsize=9)
-    bx.set_ylabel(f"sequences of {CONTEXT:,} tokens that fit", fontsize=9)
-    bx.set_title(f"Llama-3.1-405B on {GPU_GIB} GiB GPUs, 90 % used (the planner)\n"
-                 "'no': the weights alone do not fit", fontsize=9.5)
+    bx.set_xlabel(T("tensor_parallel_size (GPUs), and KV heads each GPU keeps",
+                    "tensor_parallel_size (GPU 수)와 GPU마다 두는 KV 헤드"), fontsize=9)
+    bx.set_ylabel(T(f"sequences of {CONTEXT:,} tokens that fit",
+                    f"들어가는 {CONTEXT:,}토큰 시퀀스 수"), fontsize=9)
+    bx.set_title(T(f"Llama-3.1-405B on {GPU_GIB} GiB GPUs, 90 % used (the planner)\n"
+                   "'no': the weights alone do not fit",
+                   f"{GPU_GIB} GiB GPU의 Llama-3.1-405B, 90 % 사용 (플래너)\n"
+                   "'불가': 가중치만으로도 들어가지 않음"), fontsize=9.5)
     bx.legend(fontsize=8, loc="upper left")
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
@@ -166,7 +191,7 @@ def main() -> None:
     split, plan = layer_split(), planner()
     (HERE / "tensor_parallel.json").write_text(
         json.dumps({"layer_split": split, "planner": plan}, indent=1) + "\n")
-    draw(split, plan, HERE / "tensor_parallel.png")
+    figlang.draw_both(draw, HERE / "tensor_parallel.png", split, plan)
     print(f"{split['model']} on {split['ranks']} ranks:")
     for row in split["rows"]:
         print(f"  {row['weight']:13} {str(row['shape']):12} by {row['split']:13} "

@@ -30,15 +30,18 @@ same way. To check the claim that the matrix products are bound by reading the w
 script also times the model's weight products alone, on 1 row and on NUM_SEQS rows.
 
     .venv/bin/python lessons/figures/tier_profile.py     # about 20 seconds
+    .venv/bin/python lessons/figures/tier_profile.py --plot-only   # redraw from the .json
 
 One torch thread (on a shared machine a second thread waiting for a busy core stalls every small
-operator). It writes tier_profile.json and tier_profile.png next to itself and prints a table.
+operator). It writes tier_profile.json, tier_profile.png and its Korean edition
+tier_profile.ko.png (figlang.py) next to itself and prints a table.
 The profiler adds a few microseconds to every operator it records, most of all to a tier that
 dispatches many small operators, so the figure shows the timed steps too (their median, where
 the profiled bar is the least disturbed of its steps). Absolute times depend on the machine;
 compare the tiers side by side.
 """
 
+import argparse
 import json
 import os
 import platform
@@ -47,6 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import figlang
 import torch
 
 from pagedllm.benchmarks.step_profile import GROUPS, TIERS, grouped, labeled, profile_steps
@@ -62,6 +66,9 @@ BLOCK_SIZE, MAX_MODEL_LEN = 16, 256
 WARMUP_STEPS, ROUNDS = 3, 12
 COLORS = {"matrix products": "#2b6cb0", "attention": "#d97706", "small ops": "#6b46c1",
           "sampling": "#2f855a", "other": "#a0aec0"}
+GROUPS_KO = {"matrix products": "행렬 곱", "attention": "어텐션", "small ops": "작은 연산",
+             "sampling": "샘플링", "other": "기타"}
+TIERS_KO = {"reference": "레퍼런스 계층", "optimized": "최적화 계층"}
 
 
 class Tier:
@@ -142,12 +149,13 @@ def weight_products(ckpt: Path) -> dict:
     return out
 
 
-def draw(result: dict, path: Path) -> None:
+def draw(result: dict, path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     tiers = list(TIERS)
     fig, (ax, ax_w) = plt.subplots(1, 2, figsize=(11, 4.4),
                                      gridspec_kw={"width_ratios": [2.2, 1]})
@@ -156,24 +164,30 @@ def draw(result: dict, path: Path) -> None:
         for g in GROUPS:
             v = r["ms_per_step"][g]
             ax.bar(x, v, bottom=bottom, color=COLORS[g], width=0.55,
-                   label=g if x == 0 else None)
+                   label=T(g, GROUPS_KO[g]) if x == 0 else None)
             if v > 1.2:
                 ax.text(x, bottom + v / 2, f"{v:.1f}", ha="center", va="center", color="white",
                         fontsize=9)
             bottom += v
-        ax.text(x, bottom + 0.6, f"profiled {bottom:.1f} ms\n"
-                f"unprofiled {r['step_ms']:.1f} ms (median)", ha="center", va="bottom", fontsize=9)
+        ax.text(x, bottom + 0.6, T(f"profiled {bottom:.1f} ms\n"
+                                   f"unprofiled {r['step_ms']:.1f} ms (median)",
+                                   f"프로파일링 {bottom:.1f} ms\n"
+                                   f"프로파일링 없이 {r['step_ms']:.1f} ms (중앙값)"),
+                ha="center", va="bottom", fontsize=9)
     top = max(result["tiers"][t]["profiled_step_ms"] for t in tiers)
     ax.set_ylim(0, top * 1.25)
-    ax.set_xticks(range(len(tiers)), [f"{t} tier" for t in tiers])
-    ax.set_ylabel("CPU ms per decode step (torch.profiler, self time)")
-    ax.set_title(f"One decode step of {NUM_SEQS} sequences, 1 CPU thread", fontsize=10)
+    ax.set_xticks(range(len(tiers)), [T(f"{t} tier", TIERS_KO[t]) for t in tiers])
+    ax.set_ylabel(T("CPU ms per decode step (torch.profiler, self time)",
+                    "디코드 스텝당 CPU ms (torch.profiler, 자체 시간)"))
+    ax.set_title(T(f"One decode step of {NUM_SEQS} sequences, 1 CPU thread",
+                   f"시퀀스 {NUM_SEQS}개의 디코드 스텝 하나, CPU 스레드 1개"), fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.0, 1.0))
     p, n = result["weight_products"], NUM_SEQS
     heights = [p["1_rows_ms"], p[f"{n}_rows_ms"], n * p["1_rows_ms"]]
-    names = ["1 row", f"{n} rows", f"{n} separate\nsteps of 1 row"]
+    names = [T("1 row", "행 1개"), T(f"{n} rows", f"행 {n}개"),
+             T(f"{n} separate\nsteps of 1 row", f"행 1개짜리\n스텝 {n}번")]
     bars = ax_w.bar(range(3), heights, color=["#2b6cb0", "#2b6cb0", "none"],
                     edgecolor="#2b6cb0", linestyle="--", width=0.6)
     bars[0].set_linestyle("-")
@@ -181,15 +195,23 @@ def draw(result: dict, path: Path) -> None:
     for x, h in enumerate(heights):
         ax_w.text(x, h, f"{h:.1f} ms", ha="center", va="bottom", fontsize=9)
     ax_w.set_xticks(range(3), names)
-    ax_w.set_ylabel("CPU ms, each weight product once")
-    ax_w.set_title(f"The weight products alone\n({p['weight_bytes'] / 1e6:.0f} MB; 1 row reads "
-                   f"them at {p['1_rows_GBps']:.0f} GB/s)", fontsize=10)
+    ax_w.set_ylabel(T("CPU ms, each weight product once", "CPU ms, 가중치 곱마다 한 번"))
+    mb, gbps = f"{p['weight_bytes'] / 1e6:.0f}", f"{p['1_rows_GBps']:.0f}"
+    ax_w.set_title(T(f"The weight products alone\n({mb} MB; 1 row reads them at {gbps} GB/s)",
+                     f"가중치 곱만\n({mb} MB; 행 1개는 {gbps} GB/s로 읽음)"), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw both editions from tier_profile.json, measuring nothing")
+    if parser.parse_args(argv).plot_only:
+        result = json.loads((HERE / "tier_profile.json").read_text())
+        figlang.draw_both(draw, HERE / "tier_profile.png", result)
+        return result
     torch.set_num_threads(1)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -226,7 +248,7 @@ def main() -> dict:
           f"{p[f'{NUM_SEQS}_rows_ms']:.1f} ms")
     assert same, "the tiers disagree on greedy tokens"
     (HERE / "tier_profile.json").write_text(json.dumps(result, indent=2) + "\n")
-    draw(result, HERE / "tier_profile.png")
+    figlang.draw_both(draw, HERE / "tier_profile.png", result)
     return result
 
 

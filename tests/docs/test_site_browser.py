@@ -10,9 +10,18 @@ Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by selenium). On
 * every mermaid diagram drawn (an ``<svg>`` inside each ``div.mermaid``), in the light and in the
   dark palette, with every node's label readable on its fill (contrast of at least 4.5:1);
 * every image loaded (``naturalWidth > 0``);
+* nothing runs off the page: the document is no wider than the window (a wide table or code
+  block scrolls inside its own box);
 * no request leaves 127.0.0.1: the host resolver maps every other name to nothing, and every
   request the page makes (the DevTools ``Network.requestWillBeSent`` events of the performance
   log) is checked.
+
+On a few Korean pages, in a window 400 px wide (a phone), what a Korean reader needs: lines
+break between words, never inside one (``word-break: keep-all``; Chromium otherwise breaks Hangul
+between any two syllables), no Hangul is slanted (Hangul has no italic), and the text is set in
+the Korean font stack. Lesson 17's seven-column tables fit a 1280-px window. The page that
+describes the source articles exists in both editions, and the language switch, relative on
+every page, leads from each home page to the other.
 
 Skips where Chromium, its driver or selenium is absent; ``.ci/run`` installs Chromium first so
 that CI always runs it.
@@ -22,8 +31,6 @@ import functools
 import http.server
 import json
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -112,6 +119,7 @@ Promise.all([
     undrawn: diagrams().filter((d) => !d.querySelector("svg"))
       .map((d) => (d.dataset.source || d.textContent).slice(0, 60)),
     lowContrast: lowContrast,
+    overflow: document.documentElement.scrollWidth - window.innerWidth,
     images: document.images.length,
     brokenImages: [...document.images]
       .filter((i) => !i.complete || i.naturalWidth === 0).map((i) => i.src),
@@ -121,12 +129,8 @@ Promise.all([
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--quiet", "-d", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return out
+def site(built_site):
+    return built_site  # conftest.py: built once for every docs test that needs the site
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +231,9 @@ def test_every_page_offline(site, server, browser):
                 problems.append(f"{where}: diagram labels hard to read on their fill "
                                 f"({palette} palette, below {MIN_CONTRAST}:1): "
                                 f"{result['lowContrast']}")
+        if first["overflow"] > 0:
+            problems.append(f"{where}: the page is {first['overflow']} px wider than the window "
+                            f"(something runs off its right edge)")
         if first["brokenImages"]:
             problems.append(f"{where}: images not loaded: {first['brokenImages']}")
         for key in totals:
@@ -277,10 +284,101 @@ def test_language_switch_leads_to_the_twin(server, browser):
     from selenium.webdriver.common.by import By
 
     for here, there, lang in (("ko/03-paging/", "03-paging/", "en"),
-                              ("03-paging/", "ko/03-paging/", "ko")):
+                              ("03-paging/", "ko/03-paging/", "ko"),
+                              ("ko/", "", "en"), ("", "ko/", "ko")):
         browser.get(f"{server}/{here}")
         assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") != lang
         link = browser.find_element(By.CSS_SELECTOR, f"a.md-select__link[hreflang={lang}]")
+        # Relative, so that the switch also works under a sub-path and from disk.
+        written = browser.execute_script("return arguments[0].getAttribute('href')", link)
+        assert not written.startswith("/") and "://" not in written, (here, written)
         browser.get(link.get_attribute("href"))
         assert browser.current_url == f"{server}/{there}", browser.current_url
         assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == lang
+
+
+# Run on a Korean page: every text node with Hangul outside code and formulas, its computed
+# style, and each run of Hangul syllables (a word, or the part of one between two elements):
+# broken over two lines, its range has rectangles on two lines.
+KOREAN_TEXT = r"""
+const hangul = /[\uac00-\ud7a3]/;
+const runs = /[\uac00-\ud7a3]{2,}/g;
+const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+const range = document.createRange();
+const italic = [], broken = [];
+let words = 0;
+for (let node; (node = walker.nextNode());) {
+  const el = node.parentElement;
+  if (!el || !hangul.test(node.data)) continue;
+  // Not prose, or not shown: the search box's texts sit in a box of no width until it opens.
+  if (el.closest("pre, code, script, style, noscript, mjx-container, svg, .md-search")) continue;
+  const style = getComputedStyle(el);
+  if (style.fontStyle !== "normal") italic.push(`${el.tagName}: ${node.data.trim().slice(0, 40)}`);
+  for (const m of node.data.matchAll(runs)) {
+    range.setStart(node, m.index);
+    range.setEnd(node, m.index + m[0].length);
+    const lines = new Set([...range.getClientRects()].filter((r) => r.width > 0)
+      .map((r) => Math.round(r.bottom)));
+    words += lines.size > 0;
+    if (lines.size > 1) broken.push(`${m[0]} (${el.tagName}.${el.className})`);
+  }
+}
+const style = (sel) => {
+  const el = document.querySelector(sel);
+  return el && getComputedStyle(el);
+};
+return {
+  lang: document.documentElement.lang,
+  italic: italic.slice(0, 10),
+  broken: broken.slice(0, 10),
+  words: words,
+  wordBreak: ["article p", ".md-nav__link", "article th"].map((sel) => style(sel))
+    .filter((s) => s).map((s) => s.wordBreak),
+  fontFamily: style("article p").fontFamily,
+  overflow: document.documentElement.scrollWidth - window.innerWidth,
+};
+"""
+KOREAN_FONTS = ["Apple SD Gothic Neo", "Malgun Gothic", "Noto Sans KR", "Nanum Gothic"]
+
+
+def test_korean_reads_as_korean_on_a_narrow_screen(server, browser):
+    browser.set_window_size(400, 900)
+    try:
+        problems = []
+        for page in ("ko/", "ko/03-paging/", "ko/17-kv-cache-quantization/", "ko/sources/"):
+            browser.get(f"{server}/{page}")
+            seen = browser.execute_script(KOREAN_TEXT)
+            assert seen["lang"] == "ko", page
+            assert seen["words"] > 100, f"{page}: too few Korean words laid out: {seen['words']}"
+            if seen["broken"]:
+                problems.append(f"{page}: Korean words broken over two lines: {seen['broken']}")
+            if seen["italic"]:
+                problems.append(f"{page}: slanted Hangul: {seen['italic']}")
+            if set(seen["wordBreak"]) != {"keep-all"}:
+                problems.append(f"{page}: word-break {seen['wordBreak']}, not keep-all")
+            families = [f.strip().strip('"') for f in seen["fontFamily"].split(",")]
+            if families[:len(KOREAN_FONTS)] != KOREAN_FONTS or families[-1] != "sans-serif":
+                problems.append(f"{page}: font stack {families}")
+            if seen["overflow"] > 0:
+                problems.append(f"{page}: {seen['overflow']} px wider than a 400-px window")
+        assert not problems, "\n".join(problems)
+    finally:
+        browser.set_window_size(1280, 900)
+
+
+def test_lesson_17_tables_fit_and_sources_page_in_both_editions(server, browser):
+    from selenium.webdriver.common.by import By
+
+    for edition, title in (("", "The source articles"), ("ko/", "원문 글")):
+        browser.get(f"{server}/{edition}17-kv-cache-quantization/")
+        # Seven columns: each table fits the text column of a 1280-px window, no scrolling.
+        wide = browser.execute_script("""
+            return [...document.querySelectorAll("article table")].map((t) => {
+              const box = t.closest(".md-typeset__scrollwrap") || t.parentElement;
+              return box.scrollWidth - box.clientWidth;
+            });""")
+        assert wide and max(wide) <= 0, f"{edition}17: tables wider than the column: {wide}"
+        browser.get(f"{server}/{edition}sources/")
+        assert browser.find_element(By.TAG_NAME, "h1").text.strip().startswith(title)
+        sections = browser.find_elements(By.CSS_SELECTOR, "article h2[id^=source-article-]")
+        assert len(sections) == 5, [s.get_attribute("id") for s in sections]

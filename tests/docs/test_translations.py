@@ -8,7 +8,8 @@ sees as a measurement is not, so the twins must agree on:
   and are translated, so only their number is compared);
 * the embedded snippets (``--8<--`` lines), in order: both editions show the same code from the
   same modules, never a copy;
-* the figures, in order (the alt text is translated, the image is the same file);
+* the figures, in order (the alt text is translated; the Korean page embeds the Korean
+  edition of each figure, ``NAME.ko.png`` beside ``NAME.png``);
 * the headings, level by level, with the same anchors: a Korean heading keeps the English
   slug as its id (``## 블록 테이블 { #the-block-table }``), so a link to ``03-paging.md#...``
   lands on the same section in both editions;
@@ -96,7 +97,8 @@ def test_korean_twin(page: Path):
     assert len(diagrams(ko_blocks)) == len(diagrams(en_blocks)), f"{name}: mermaid diagram count"
     assert SNIPPET.findall(ko_prose) == SNIPPET.findall(en_prose), \
         f"{name}: the embedded snippets (--8<-- lines) differ"
-    assert IMAGE.findall(ko_prose) == IMAGE.findall(en_prose), f"{name}: the figures differ"
+    assert [i.replace(".ko.png", ".png") for i in IMAGE.findall(ko_prose)] == IMAGE.findall(
+        en_prose), f"{name}: the figures differ (the Korean page embeds NAME.ko.png)"
     assert _headings(ko_prose) == _headings(en_prose), \
         (f"{name}: headings differ in number, level or anchor (give each Korean heading the "
          f"English slug: {{ #slug }}): en {_headings(en_prose)} ko {_headings(ko_prose)}")

@@ -1,7 +1,8 @@
 """Every kernel launch the engine makes compiles for sm_80 and sm_90, on a machine without a GPU.
 
 The interpreter tests check what the kernels compute; this checks that a GPU compiler accepts
-them and that each program fits a multiprocessor's shared memory. Both phases of
+them and that each program fits a multiprocessor's shared memory. The lessons' Triton exercises
+(lessons/exercises/solutions: the kernels a learner writes) are compiled with them. Both phases of
 ``pagedllm.kernels.compile_check`` run as fresh processes, as they must: one records the launches
 under the interpreter, the other compiles them (a process that interpreted kernels cannot
 compile). The record phase runs the ``ci`` matrix, the ``full`` one's paths in fewer launches;
@@ -24,7 +25,9 @@ import pytest
 pytest.importorskip("triton")
 
 from pagedllm.kernels.compile_check import (  # noqa: E402
+    EXERCISES,
     TARGETS,
+    exercise_kernels,
     jit_functions,
     launched_kernels,
 )
@@ -69,9 +72,16 @@ def test_every_jit_function_is_a_kernel_or_a_helper_of_one():
         assert re.search(rf"\b{name}\(", callers), f"{name}: @triton.jit, but nothing calls it"
 
 
+def test_the_lessons_triton_exercises_are_kernels_to_compile():
+    """The exercises' solutions: lesson 10's paged decode and lesson 13's store_kv."""
+    assert EXERCISES.is_dir(), EXERCISES
+    assert set(exercise_kernels()) == {"paged_decode_kernel", "store_kv_kernel"}
+    assert not set(exercise_kernels()) & set(launched_kernels())  # one name, one kernel
+
+
 def test_every_kernel_is_recorded(report):
     recorded = {launch["kernel"].split(":")[1] for launch in report["launches"]}
-    kernels = set(launched_kernels())
+    kernels = set(launched_kernels()) | set(exercise_kernels())
     assert kernels <= recorded, f"never launched in the record phase: {kernels - recorded}"
 
 
@@ -96,7 +106,8 @@ def test_every_launch_compiles_for_sm80_and_sm90(report):
     for launch in report["launches"]:
         for capability in CAPABILITIES:
             assert (json.dumps(launch, sort_keys=True), capability) in compiled
-    assert {r["kernel"] for r in report["results"]} == set(launched_kernels())
+    assert {r["kernel"] for r in report["results"]} == set(launched_kernels()) | set(
+        exercise_kernels())
 
 
 def test_no_program_overflows_shared_memory(report):
