@@ -41,6 +41,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 
 import torch
 
@@ -63,7 +64,15 @@ _cap = "avx512"
 def _build():
     """(the built module, None) or (None, why it could not be built)."""
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import get_default_build_root, load
+        device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        version = f"py{sys.version_info.major}{sys.version_info.minor}"  # torch's folder
+        built = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(),
+                             f"{version}{getattr(sys, 'abiflags', '')}_{device}",
+                             "pagedllm_cpu_ops")
+        if not os.path.isdir(built):  # say why the first use waits
+            log.warning("pagedllm: building the CPU kernels (first use: a minute or two on two "
+                        "cores, then cached under %s)", built)
         module = load("pagedllm_cpu_ops", SOURCES, extra_cflags=["-O3"],
                       extra_include_paths=[SOURCE_DIR], verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels instead
@@ -184,7 +193,7 @@ class CpuOp:
         return f"CpuOp({self.fn.__module__}.{self.fn.__qualname__})"
 
 
-FLOATS = (torch.bfloat16,)  # the dtypes the kernels take
+FLOATS = (torch.bfloat16, torch.float32)  # the dtypes the kernels take
 
 
 @CpuOp
@@ -194,7 +203,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     float32 rows and a weight of their dtype; any other input goes to the twin."""
     kernels = cpu_kernels()
     if (kernels is None or x.dtype not in FLOATS or weight.dtype != x.dtype
-            or x.shape[-1] % 16 or (residual is not None and (
+            or weight.numel() != x.shape[-1] or (residual is not None and (
                 residual.shape != x.shape or residual.dtype != x.dtype))):
         return rms_norm_reference(x, weight, eps, residual)
     if residual is None:
@@ -228,9 +237,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def rotary_with_tables(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``rotate_half`` of q and k (optimized/attention.py) in one pass, bit for bit, for
-    bf16 or float32 heads of 32k values; None where the kernel does not apply."""
-    if not (_head_rows(q) and _head_rows(k) and q.shape[2] % 32 == 0
-            and cos.dtype == q.dtype == k.dtype):
+    bf16 or float32 heads of even head_dim; None where the kernel does not apply."""
+    if not (_head_rows(q) and _head_rows(k) and q.shape[2] % 2 == 0
+            and k.shape[2] == q.shape[2] and cos.dtype == sin.dtype == q.dtype == k.dtype):
         return None
     kernels = cpu_kernels()
     return None if kernels is None else kernels.rotary(q, k, cos.contiguous(),

@@ -33,6 +33,32 @@ from .cuda_graphs import CudaGraphs, DeviceAttention
 from .decode_step import DecodeStep
 from .quant_layers import pack_linears_for_cpu, triton_quantized_linears
 
+CPU_KERNEL_SCHEMES = ("int8", "int4")  # the weight formats kernels/cpu/quant_linear.cpp takes
+
+
+def _held_out(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """The quantized layers in a format the CPU kernels do not take (fp8: no C++ product is
+    written yet), each replaced by a placeholder while the others are packed."""
+    from pagedllm.reference.model.quantization import QuantizedLinear
+    held = []
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, QuantizedLinear) and \
+                    child.quantized.scheme not in CPU_KERNEL_SCHEMES:
+                held.append((parent, name, child))
+                setattr(parent, name, torch.nn.Identity())
+    return held
+
+
+def cpu_linears(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``pack_linears_for_cpu`` for the formats the C++ kernels take; an fp8 layer keeps the
+    reference twin (e4m3 dequantized, then torch's product) until kernels/cpu has one."""
+    held = _held_out(model)
+    pack_linears_for_cpu(model, dtype)
+    for parent, name, layer in held:
+        setattr(parent, name, layer)
+    return model
+
 
 # --8<-- [start:swap_blocks]
 def swap_blocks(src: torch.Tensor, dst: torch.Tensor,
@@ -71,7 +97,7 @@ CPU_BACKEND = Backend(
     copy_blocks=copy_blocks, swap_blocks=swap_blocks_reference,
     rms_norm=cpu_ops.rms_norm, rotary=cpu_rotary,
     silu_and_mul=cpu_ops.silu_and_mul, sample=sample,
-    process_weights=pack_linears_for_cpu, whole_step=DecodeStep.for_runner)
+    process_weights=cpu_linears, whole_step=DecodeStep.for_runner)
 
 
 def select_backend(device: torch.device) -> Backend:
@@ -95,7 +121,7 @@ def describe(backend: Backend, dtype: torch.dtype) -> dict[str, str]:
         report = {op: f"Triton kernel (kernels/{op}.py), {where}"
                   for op in ("store_kv", "paged_attention", "copy_blocks", "rms_norm", "rotary",
                              "silu_and_mul", "sample")}
-        report["linear"] = (f"int8/int4/GGUF: Triton kernel dequantizing in registers "
+        report["linear"] = (f"int8/int4/fp8/GGUF: Triton kernel dequantizing in registers "
                             f"(kernels/quant_linear.py), {where}; float weights: torch "
                             f"(cuBLAS on CUDA)")
         report["whole_step"] = "CUDA graphs: a decode step replayed in one launch" \
@@ -108,33 +134,50 @@ def describe(backend: Backend, dtype: torch.dtype) -> dict[str, str]:
 def _describe_cpu(dtype: torch.dtype) -> dict[str, str]:
     isa = cpu_ops.cpu_isa()
     if isa is None:
-        kernel = f"the torch twin (reference/ops): {cpu_ops.cpu_kernels_status()}"
+        why = cpu_ops.cpu_kernels_status()
     elif dtype not in cpu_ops.FLOATS:
-        kernel = (f"the torch twin (reference/ops): the CPU kernels take "
-                  f"{', '.join(str(d).removeprefix('torch.') for d in cpu_ops.FLOATS)}")
+        why = (f"the CPU kernels take "
+               f"{', '.join(str(d).removeprefix('torch.') for d in cpu_ops.FLOATS)}")
     else:
+        why = None
+    planned = ("padded batches planned once per step, torch's fused attention "
+               "(optimized/attention.py)")
+    if why is None:
         kernel = f"C++ kernel, {isa} path"
+        return {
+            "rms_norm": f"{kernel}; kernels/cpu/rms_norm.cpp",
+            "store_kv": f"{kernel}; kernels/cpu/store_kv.cpp",
+            "rotary": f"{kernel}; kernels/cpu/rotary.cpp, cos/sin once per step",
+            "paged_attention": f"decodes: {kernel}; kernels/cpu/paged_attention.cpp. Prompts, "
+                               f"chunks and quantized caches: {planned}",
+            **_cpu_common(dtype, isa),
+            "whole_step": "the decode step's layers in one C++ call "
+                          "(kernels/cpu/decode_step.cpp) for " + DecodeStep.requirements(),
+        }
     return {
-        "rms_norm": f"{kernel}; kernels/cpu/rms_norm.cpp",
-        "store_kv": f"{kernel}; kernels/cpu/store_kv.cpp",
-        "rotary": f"{kernel}; kernels/cpu/rotary.cpp, cos/sin once per step",
-        "paged_attention": f"decodes: {kernel}; kernels/cpu/paged_attention.cpp. Prompts and "
-                           "chunks: padded batches planned once per step, torch's fused "
-                           "attention (optimized/attention.py)",
-        "silu_and_mul": "ATen's silu and mul (the twin): one pass each already",
-        "sample": "the torch twin: vectorized already",
-        "copy_blocks, swap_blocks": "the torch twins: copies, not kernels",
-        "linear": _cpu_linear(dtype, isa),
-        "whole_step": ("the decode step's layers in one C++ call (kernels/cpu/decode_step.cpp) "
-                       "for " if isa is not None else "none: ") + DecodeStep.requirements(),
+        "rms_norm": f"the torch twin (reference/ops): {why}",
+        "store_kv": f"the torch twin (reference/ops): {why}",
+        "rotary": f"torch, cos/sin once per step (optimized/attention.py): {why}",
+        "paged_attention": f"{planned}: {why}",
+        **_cpu_common(dtype, isa),
+        "whole_step": f"none: {why}",
     }
 
 
+def _cpu_common(dtype: torch.dtype, isa: str | None) -> dict[str, str]:
+    return {"silu_and_mul": "ATen's silu and mul (the twin): one pass each already",
+            "sample": "the torch twin: vectorized already",
+            "copy_blocks, swap_blocks": "the torch twins: copies, not kernels",
+            "linear": _cpu_linear(dtype, isa)}
+
+
 def _cpu_linear(dtype: torch.dtype, isa: str | None) -> str:
-    if isa is None:
-        return ("F.linear for float weights; int8/int4/GGUF: torch's weight-only kernels or "
-                "the twin (" + cpu_ops.cpu_kernels_status() + ")")
+    if isa is None or dtype not in cpu_ops.FLOATS:
+        why = cpu_ops.cpu_kernels_status() if isa is None else f"a {dtype} model"
+        return (f"F.linear for float weights; int8/int4/GGUF: torch's weight-only kernels or "
+                f"the twin ({why}); fp8: the twin")
     dense = "bf16 weights too" if dtype == torch.bfloat16 else "float weights: BLAS (F.linear)"
     return (f"int8, int4 and GGUF blocks: C++ kernels, {isa} path "
             f"(kernels/cpu/quant_linear.cpp); {dense}; packed once after loading "
-            f"(optimized/quant_layers.py)")
+            f"(optimized/quant_layers.py); fp8: the twin (e4m3 dequantized, then torch's "
+            f"product: no C++ fp8 kernel yet)")

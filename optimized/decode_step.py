@@ -11,33 +11,36 @@ same order, on the same tensors, with the GIL released while it runs. The embedd
 the layers and the logits after them stay the model's own code.
 
 It runs a step only where every layer is one it can run and every op is the tier's own:
-a Llama-family model (no per-head q/k norms) in bf16 whose products are all on our kernels
-(``quant_layers.py``), an unquantized bf16 cache, a step of decodes only, and the backend's
-ops not swapped (a test's failing op, a wrapper): anything else runs the modules as before.
-Its results are the modules' results, bit for bit (``tests/engine/test_decode_step.py``).
+a Llama-family model (no per-head q/k norms) in bf16 or float32 whose products are all on our
+kernels (``quant_layers.py``) or, in float32, ATen's product on the transposed weight the
+module holds (``layers.py``'s TransposedLinear: the module's own operator), an unquantized
+cache of the model's dtype, a step of decodes only, and the backend's ops not swapped (a
+test's failing op, a wrapper): anything else runs the modules as before. Its results are the
+modules' results, bit for bit (``tests/engine/test_decode_step.py``), on every
+instruction-set path the kernels have (``kernels/cpu/cpu.h``).
 """
 
 import torch
 
-from pagedllm.kernels.paged_attention import paged_attention as triton_paged_attention
-from pagedllm.kernels.rotary import rotary as triton_rotary
-from pagedllm.kernels.silu_and_mul import silu_and_mul as triton_silu_and_mul
+from pagedllm.kernels.cpu_ops import FLOATS, CpuOp, cpu_extension
+from pagedllm.reference.engine.step_inputs import StepInputs
 from pagedllm.reference.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 from pagedllm.reference.ops import Backend
 
-from .attention import PlannedAttention, rotary_tables
-from pagedllm.kernels.cpu_ops import cpu_extension
-from pagedllm.kernels.cpu_ops import rms_norm as cpu_rms_norm
-from pagedllm.kernels.cpu_ops import store_kv as cpu_store_kv
-from .layers import MergedLlamaAttention, MergedLlamaMLP
+from .attention import _decodes_only, rotary_tables
+from .layers import MergedLlamaAttention, MergedLlamaMLP, TransposedLinear
 from .quant_layers import PackedBF16Linear, PackedInt4Linear, PackedInt8Linear
 
 NONE = torch.empty(0)  # a Product's tensor that its kind does not use
-PACKED = (PackedInt8Linear, PackedInt4Linear, PackedBF16Linear)  # what _product takes
+PACKED = (PackedInt8Linear, PackedInt4Linear, PackedBF16Linear)
+PRODUCTS = (*PACKED, TransposedLinear)  # what _product takes
+DTYPES = (torch.bfloat16, torch.float32)  # the models the stack runs
 
 
 def _product(ext, module):
-    """A packed linear layer (one of PACKED) as the C++ stack's Product."""
+    """A linear layer (one of PRODUCTS) as the C++ stack's Product."""
+    if isinstance(module, TransposedLinear):  # a float32 model's weight, [in, out]
+        return ext.Product("dense", module.weight_t, NONE, NONE, module.bias, 0)
     if isinstance(module, PackedInt8Linear):
         return ext.Product("int8", module.packed, module.scales, module.qsum, module.bias, 0)
     if isinstance(module, PackedInt4Linear):
@@ -47,16 +50,17 @@ def _product(ext, module):
 
 
 def _ops(backend: Backend) -> tuple:
-    """The ops the stack calls itself (rotary aside: a step's context replaces it with its
-    tables' version)."""
-    return (backend.rms_norm, backend.store_kv, backend.paged_attention, backend.silu_and_mul)
+    """The ops the stack computes itself, with the same kernels."""
+    return (backend.rms_norm, backend.store_kv, backend.paged_attention, backend.rotary,
+            backend.silu_and_mul)
 
 
 class DecodeStep:
     """The model's decoder layers as one C++ stack, for the steps it can run."""
 
-    def __init__(self, ext, model: LlamaForCausalLM, inv_freq: torch.Tensor, ops: tuple):
-        self.model, self.inv_freq, self.ops = model, inv_freq, ops
+    def __init__(self, ext, model: LlamaForCausalLM, inv_freq: torch.Tensor, ops: tuple,
+                 dtype: torch.dtype):
+        self.model, self.inv_freq, self.ops, self.dtype = model, inv_freq, ops, dtype
         self.stack = ext.DecodeStack()
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -72,9 +76,13 @@ class DecodeStep:
         """The stack for this model and backend, or None where it cannot stand in for the
         modules (the module docstring lists when)."""
         ops = _ops(backend)
-        if dtype != torch.bfloat16 or type(model) is not LlamaForCausalLM or ops != (
-                cpu_rms_norm, cpu_store_kv, triton_paged_attention, triton_silu_and_mul) \
-                or backend.rotary is not triton_rotary or (ext := cpu_extension()) is None:
+        # Ops swapped in (a wrapper, a timer, a failing op) are not CpuOps: the modules run
+        # them as they are.
+        # A dtype the ops leave to their twins would give the modules other sums than the
+        # kernels': the stack runs the dtypes the ops run their kernels in.
+        if dtype not in DTYPES or dtype not in FLOATS or type(model) is not LlamaForCausalLM \
+                or not all(isinstance(op, CpuOp) for op in ops) \
+                or (ext := cpu_extension()) is None:
             return None
         layers = list(model.model.layers)
         if not layers:
@@ -85,22 +93,37 @@ class DecodeStep:
                     and type(mlp) is MergedLlamaMLP and not attn.qk_norm
                     and attn.head_dim in (32, 64)
                     and layer.input_layernorm.eps == layer.post_attention_layernorm.eps
-                    and all(isinstance(m, PACKED) for m in (
+                    and layer.input_layernorm.weight.dtype == dtype
+                    and all(isinstance(m, PRODUCTS) for m in (
                         attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
                 return None
         inv_freq = layers[0].self_attn.inv_freq
         if any(not torch.equal(layer.self_attn.inv_freq, inv_freq) for layer in layers):
             return None  # one rotary table a step
-        return cls(ext, model, inv_freq, ops)
+        return cls(ext, model, inv_freq, ops, dtype)
+
+    @classmethod
+    def for_runner(cls, runner) -> "RunnerDecodeStep | None":
+        """The CPU backend's whole-step slot: the stack for the runner's model, or None."""
+        step = cls.build(runner.model, runner.backend, runner.config.dtype)
+        return None if step is None else RunnerDecodeStep(runner, step)
+
+    @staticmethod
+    def requirements() -> str:
+        return ("decode steps of a Llama-family bf16 or float32 model whose products are all "
+                "packed (or float32 dense), over an unquantized cache of the model's dtype, with "
+                "the backend's own ops (not enforce_eager, not tensor-parallel); any other step "
+                "runs the modules")
 
     def runs(self, attn) -> bool:
         """Whether this step's attention context is one the stack reads: decodes only, an
-        unquantized bf16 cache."""
-        return (isinstance(attn, PlannedAttention) and attn.decodes_only
-                and _ops(attn.backend) == self.ops  # not swapped since the stack was built
+        unquantized cache of the model's dtype."""
+        md = attn.metadata
+        return (md.query_start_loc_cpu is not None
+                and _decodes_only(md.query_start_loc_cpu, md.slot_mapping.shape[0])
                 and attn.quant.rotation is None and not attn.quant.args(0)
                 and not attn.quant.calculate_scales
-                and attn.k_caches[0].dtype == torch.bfloat16)
+                and attn.k_caches[0].dtype == self.dtype)
 
     def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor, attn,
                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
@@ -112,3 +135,23 @@ class DecodeStep:
             x.contiguous(), cos.contiguous(), sin.contiguous(), attn.k_caches,
             attn.v_caches, md.block_tables, md.seq_lens_cpu, md.slot_mapping)
         return self.model.compute_logits(x, residual, attn.backend, logits_indices)
+
+
+class RunnerDecodeStep:
+    """The stack in the runner's whole-step slot: a step it runs is loaded into the runner's
+    buffers and computed in one call; any other is left to the runner (None)."""
+
+    def __init__(self, runner, step: DecodeStep):
+        self.runner, self.step = runner, step
+
+    def __call__(self, inputs: StepInputs) -> torch.Tensor | None:
+        T, B = inputs.input_ids.shape[0], inputs.attn_metadata.seq_lens.shape[0]
+        if T != B:
+            return None
+        runner = self.runner
+        runner.load(inputs, T, B)
+        ctx = runner.context(inputs, T, B, inputs.attn_metadata.block_tables.shape[1])
+        if not self.step.runs(ctx):
+            return None
+        return self.step(runner.input_ids[:T], runner.positions[:T], ctx,
+                         logits_indices=inputs.logits_indices)  # [S, vocab]

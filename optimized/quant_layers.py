@@ -1,37 +1,79 @@
-"""Linear layers that multiply without expanding the weight: our CPU kernel, or torch's.
+"""Linear layers that multiply without expanding the weight: our CPU kernels, or torch's.
 
 The reference's ``QuantizedLinear`` dequantizes its whole weight for every product (the twin's
-definition: readable, and as slow as the float model or slower). On a CPU, torch ships
-weight-only kernels that read the codes and scale them inside the product:
-``aten._weight_int8pack_mm`` (int8 rows, one scale per output channel) and
-``aten._weight_int4pack_mm_for_cpu`` (int4 groups). Both take bf16 (or fp16) activations; with
-float32 activations they fall back to a path several times slower than a float32 product, so
-the runner swaps them in only for a bf16/fp16 model (quantization's default dtype) and leaves
-the twin otherwise.
+definition: readable, and as slow as the float model or slower). The project's own CPU kernels
+(``kernels/cpu/quant_linear.cpp``, packed by ``kernels/cpu_ops.py``) read the codes and turn
+them into numbers inside the registers, on every CPU the extension builds on: AVX-512 with
+BF16 and VNNI, AVX2 with FMA, or portable C++ (the best path the CPU has, chosen at run time).
+They take bf16 activations (a bf16 model) and float32 ones (a float32 model: the dtype a CPU
+without native bf16 computes in, since emulated bf16 costs more than the bytes it saves).
 
-Where the CPU has AVX-512 BF16 and VNNI, a bf16 model's products run on the project's own
-kernels instead (``cpu_ops.py``): on SmolLM2's step (``benchmarks/cpu_kernels.py``), int8 rows
-2.9x torch's int8 kernel at one row and 2.2x at 16, int4 groups 1.4x torch's int4 kernel at
-one row and 1.8x at 16, and bf16 weights (the LM head above all) 3x oneDNN's at one row. A
-tied LM head's packed table also serves the input embedding: one copy, as before. A shape
-the kernels do not take (outputs not a multiple of 16) stays the twin for int4, whose torch
-kernel refuses it too, and torch's kernel for int8.
+What ``pack_linears_for_cpu`` swaps in, by the model's dtype:
+
+- **bf16 or float32, the extension built**: int8 and int4 layers on our kernels
+  (``PackedInt8Linear``, ``PackedInt4Linear``), and for a bf16 model its float layers too
+  (``PackedBF16Linear``; a tied LM head's packed table also serves the input embedding: one
+  copy, as before). A float32 model's float layers stay ``F.linear`` (BLAS is fast there).
+- **no extension, or a shape the kernels do not take** (outputs or inputs not a multiple of
+  16): torch's weight-only kernels for a bf16/fp16 model, ``aten._weight_int8pack_mm`` (int8
+  rows) and ``aten._weight_int4pack_mm_for_cpu`` (int4 groups; its packing takes 16 outputs
+  at a time too, so an int4 shape it refuses stays the twin); a float32 model keeps the twin,
+  since torch's kernels with float32 activations fall back to a path several times slower
+  than a float32 product. An fp16 model always takes torch's kernels (ours take bf16 and
+  float32).
+
+Measured on SmolLM2-135M's decode step (``benchmarks/cpu_kernels.py --model
+smollm2-135m-instruct``, one thread, every product of a step one after the other, weights from
+memory) on an Intel Xeon (Sapphire Rapids class, 2 cores, busy with other work: ratios are
+steadier than the times), float32 activations::
+
+    ms a step (speed against F.linear)    1 row          4 rows         16 rows
+    F.linear, float32 weights           45.8           86.5           132.6
+    torch int8 / int4 g32 kernels      114 / 252      361 / 973     1401 / 3762  (0.4x-0.04x)
+    ours int8, AVX-512 / AVX2      22.3 / 25.5    31.1 / 38.4     60.5 / 84.3  (2.2x / 1.6x)
+    ours int4 g32, AVX-512 / AVX2  20.9 / 25.5    31.5 / 39.3     46.6 / 69.7  (2.8x / 1.9x)
+
+(every product of a step, the LM head included; AVX2 is the path an AVX2-only CPU such as AMD
+Zen 2 takes, here capped with ``use_isa``). torch's kernels on float32 activations are 2.5 to
+25 times slower than F.linear, hence the twin where ours did not build. With bf16 activations
+(AVX-512, measured before on an AMD EPYC, Zen 4): int8 rows 2.9x torch's int8 kernel at one row
+and 2.2x at 16, int4 groups 1.4x torch's int4 kernel at one row and 1.8x at 16, and bf16
+weights (the LM head above all) 3x oneDNN's at one row.
 
 The twin's layout (``reference/ops/weight_quant.py``) is the kernels': int8 codes with a scale
 per row, int4 codes with ``(q - 8) * scale + zero`` per group, scales and zeros in the model's
-dtype. Both dequantize and accumulate in float32 and round once to the model's dtype; only the
-order of the additions differs, so outputs agree to float32 rounding before that last step.
+dtype (the int4 kernel reads a float32 model's float32 scales as they are). Both dequantize and
+accumulate in float32 and round once to the model's dtype; only the order of the additions
+differs, so outputs agree to float32 rounding before that last step.
 """
 
 import torch
 from torch import nn
 
+from pagedllm.kernels.cpu_ops import (
+    cpu_kernels,
+    pack_bf16,
+    pack_int4,
+    pack_int8,
+    packable,
+    unpack_bf16_rows,
+)
 from pagedllm.kernels.quant_linear import quant_linear
 from pagedllm.reference.model.quantization import QuantizedLinear, decoder_stack
 
-from pagedllm.kernels.cpu_ops import cpu_kernels, pack_bf16, pack_int4, pack_int8, packable, unpack_bf16_rows
-
 FAST_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., in] as the kernels' contiguous [T, in] rows."""
+    return (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])).contiguous()
+
+
+def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's [T, out] back in x's leading shape, plus the bias."""
+    if x.dim() != 2:
+        out = out.view(*x.shape[:-1], out.shape[-1])  # [..., out]
+    return out if bias is None else out + bias
 
 
 class Int8PackedLinear(nn.Module):
@@ -43,8 +85,9 @@ class Int8PackedLinear(nn.Module):
         self.bias = layer.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)  # [T, out]
-        return out if self.bias is None else out + self.bias
+        out = torch.ops.aten._weight_int8pack_mm(_rows(x), self.qweight,
+                                                 self.scales)  # [T, out]
+        return _finish(out, x, self.bias)
 
 
 class Int4PackedLinear(nn.Module):
@@ -61,30 +104,36 @@ class Int4PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, self.packed, self.group_size, self.scale_and_zero)  # [T, out]
-        return out if self.bias is None else out + self.bias
+            _rows(x), self.packed, self.group_size, self.scale_and_zero)  # [T, out]
+        return _finish(out, x, self.bias)
 
 
 class PackedInt4Linear(nn.Module):
-    """int4 groups on our kernel: the codes become bf16 in the registers (csrc/cpu_ops.cpp)."""
+    """int4 groups on our kernel: each code becomes a float in the registers
+    (kernels/cpu/quant_linear.cpp)."""
 
     def __init__(self, layer: QuantizedLinear, kernels):
         super().__init__()
-        packed, scales, zeros = pack_int4(layer.quantized)
+        q = layer.quantized
+        packed, scales, zeros = pack_int4(q)
+        if q.scales.dtype == torch.float32:  # a float32 model's: kept as they are, not bf16
+            n, groups = q.scales.shape
+            scales, zeros = (t.view(n // 16, 16, groups).transpose(1, 2).contiguous()
+                             for t in (q.scales, q.zeros))
         self.register_buffer("packed", packed)  # [out / 16, in / 4, 32] uint8
-        self.register_buffer("scales", scales)  # [out / 16, G, 16] bf16
-        self.register_buffer("zeros", zeros)  # [out / 16, G, 16] bf16
-        self.group_size, self.bias, self.kernels = layer.quantized.group_size, layer.bias, kernels
+        self.register_buffer("scales", scales)  # [out / 16, G, 16] bf16 (or float32)
+        self.register_buffer("zeros", zeros)  # [out / 16, G, 16] bf16 (or float32)
+        self.group_size, self.bias, self.kernels = q.group_size, layer.bias, kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.kernels.int4_matmul(x.contiguous(), self.packed, self.scales, self.zeros,
+        out = self.kernels.int4_matmul(_rows(x), self.packed, self.scales, self.zeros,
                                        self.group_size)  # [T, out]
-        return out if self.bias is None else out + self.bias
+        return _finish(out, x, self.bias)
 
 
 class PackedInt8Linear(nn.Module):
-    """int8 rows on our kernel: the codes multiplied as they are stored (VNNI), the activations
-    as 24-bit integers (csrc/cpu_ops.cpp int8_tile)."""
+    """int8 rows on our kernel: the codes multiplied as they are stored (AVX-512: VNNI, the
+    activations as 24-bit integers; otherwise each code a float in the registers)."""
 
     def __init__(self, layer: QuantizedLinear, kernels):
         super().__init__()
@@ -95,9 +144,9 @@ class PackedInt8Linear(nn.Module):
         self.bias, self.kernels = layer.bias, kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.kernels.int8_matmul(x.contiguous(), self.packed, self.scales,
+        out = self.kernels.int8_matmul(_rows(x), self.packed, self.scales,
                                        self.qsum)  # [T, out]
-        return out if self.bias is None else out + self.bias
+        return _finish(out, x, self.bias)
 
 
 class PackedBF16Linear(nn.Module):
@@ -109,8 +158,8 @@ class PackedBF16Linear(nn.Module):
         self.bias, self.kernels = layer.bias, kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.kernels.bf16_matmul(x.contiguous(), self.packed)  # [T, out]
-        return out if self.bias is None else out + self.bias
+        out = self.kernels.bf16_matmul(_rows(x), self.packed)  # [T, out]
+        return _finish(out, x, self.bias)
 
 
 class PackedEmbedding(nn.Module):
@@ -135,8 +184,9 @@ class TritonQuantizedLinear(QuantizedLinear):
         return quant_linear(x, self.quantized, self.bias)  # [T, out]
 
 
-def triton_quantized_linears(model: nn.Module) -> nn.Module:
-    """Every QuantizedLinear as the Triton kernel's module."""
+def triton_quantized_linears(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Every QuantizedLinear as the Triton kernel's module (the Triton backend's
+    ``process_weights``: any dtype)."""
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, QuantizedLinear):
@@ -144,12 +194,16 @@ def triton_quantized_linears(model: nn.Module) -> nn.Module:
     return model
 
 
+OWN_DTYPES = (torch.bfloat16, torch.float32)  # the activations our kernels take
+
+
 def pack_linears_for_cpu(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Every product as the fastest CPU kernel for its weight, where one is faster than the
-    twin: ours for bf16 and int4 weights (AVX-512 BF16), torch's otherwise."""
-    if dtype not in FAST_DTYPES:
-        return model
-    kernels = cpu_kernels() if dtype == torch.bfloat16 else None
+    twin (the module docstring says which runs where): ours where the extension built,
+    torch's weight-only kernels for a bf16/fp16 model otherwise."""
+    kernels = cpu_kernels() if dtype in OWN_DTYPES else None
+    if kernels is None and dtype not in FAST_DTYPES:
+        return model  # float32 without our kernels: torch's would be slower than the twin
     stack, head = decoder_stack(model), model.lm_head
     tied = isinstance(head, nn.Linear) and \
         head.weight.data_ptr() == stack.embed_tokens.weight.data_ptr()
@@ -160,12 +214,15 @@ def pack_linears_for_cpu(model: nn.Module, dtype: torch.dtype) -> nn.Module:
                 own = {"int8": PackedInt8Linear, "int4": PackedInt4Linear}[q.scheme]
                 if kernels and packable(*q.shape):
                     setattr(parent, name, own(child, kernels))
+                elif dtype not in FAST_DTYPES:
+                    pass  # float32: the twin (torch's kernels are slower on float32)
                 elif q.scheme == "int8":
                     setattr(parent, name, Int8PackedLinear(child, dtype))
                 elif packable(*q.shape):  # torch's int4 packing takes 16 outputs at a time
                     setattr(parent, name, Int4PackedLinear(child, dtype))
                 # else: the twin, which takes any shape
-            elif isinstance(child, nn.Linear) and kernels and packable(*child.weight.shape):
+            elif isinstance(child, nn.Linear) and kernels and dtype == torch.bfloat16 \
+                    and packable(*child.weight.shape):
                 setattr(parent, name, PackedBF16Linear(child, kernels))
     if tied and isinstance(model.lm_head, PackedBF16Linear):
         stack.embed_tokens = PackedEmbedding(model.lm_head)

@@ -48,16 +48,19 @@ def cpu_flags() -> list[str]:
 
 def run(args) -> int:
     from pagedllm.kernels import cpu_ops
-    from pagedllm.optimized.backend import CPU_BACKEND, TRITON_BACKEND, describe
+    from pagedllm.optimized.backend import TRITON_BACKEND, describe, select_backend
     from pagedllm.reference.engine.config import auto_quantized_dtype
 
     print(f"CPU: {cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch "
           f"threads; torch {torch.__version__}")
-    print(f"SIMD: {' '.join(cpu_flags()) or 'unknown'}")
+    print(f"SIMD: {' '.join(cpu_flags()) or 'unknown'} (the kernels use AVX-512 BF16/VNNI or "
+          f"AVX2+FMA; AMX is not used)")
     print(f"CPU kernels: {cpu_ops.cpu_kernels_status()}")
     print(f"bf16 computed natively on this CPU: {cpu_ops.native_bf16()} — dtype='auto' with a "
           f"quantized model computes in {auto_quantized_dtype(torch.device('cpu'))}")
-    backends = [("cpu", CPU_BACKEND)]
+    # what a model on the CPU gets here: CPU_BACKEND, or the interpreted Triton kernels
+    # under TRITON_INTERPRET=1
+    backends = [("cpu", select_backend(torch.device("cpu")))]
     if torch.cuda.is_available():
         backends.append((f"cuda ({torch.cuda.get_device_name()})", TRITON_BACKEND))
     for dtype_name in args.dtype or ("float32", "bfloat16"):

@@ -6,8 +6,13 @@
 // and portable C++ that compiles anywhere (ARM included). Each is compiled for its own target
 // (a function attribute), so one build runs on every CPU, and the op picks the best path the
 // CPU has at run time: isa(), capped by set_isa() (tests run every path the machine has).
+//
+// Each op file includes only ATen and torch's operator registry (TORCH_LIBRARY_FRAGMENT), not
+// <torch/extension.h> (the C++ frontend, autograd and pybind11): about 12 s of compiling a
+// file on 2 cores instead of 40. Only extension.cpp and decode_step.cpp talk to Python.
 #pragma once
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <cstdint>
 #include <cstring>
@@ -39,6 +44,12 @@ inline uint16_t float_to_bf16(float f) {
 
 }  // namespace pagedllm_cpu
 
+// torch::Tensor, torch::empty, torch::kBFloat16...: the ATen names, as <torch/types.h> makes
+// them (without its autograd headers), for the files that spell them so.
+namespace torch {
+using namespace at;  // NOLINT
+}
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define PAGEDLLM_X86 1
 #include <immintrin.h>
@@ -53,28 +64,77 @@ AVX512BF16 static inline __m512 widen(__m256i bits) {  // 16 bf16 -> 16 float32
 AVX512BF16 static inline __m256i narrow(__m512 v) {  // 16 float32 -> 16 bf16, nearest even
   return (__m256i)_mm512_cvtneps_pbh(v);
 }
+
+// Loads and stores of 8 (AVX2) or 16 (AVX-512) values in float32 registers from rows of bf16
+// (bit patterns, uint16_t) or float32: the kernels are templates over the row type.
+AVX2FMA static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+AVX2FMA static inline __m256 load8(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+AVX2FMA static inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+// 8 float32 rounded to bf16 (nearest even, as float_to_bf16; a NaN stays a NaN), still in
+// float32 registers: the low 16 bits cleared
+AVX2FMA static inline __m256 round8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_blendv_epi8(up, quiet, nan),
+                                              _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+AVX2FMA static inline void store8(uint16_t* p, __m256 v) {
+  const __m256i r = _mm256_srli_epi32(_mm256_castps_si256(round8(v)), 16);
+  _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                                 _mm256_extracti128_si256(r, 1)));
+}
+AVX512BF16 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+AVX512BF16 static inline __m512 load16(const uint16_t* p) {
+  return widen(_mm256_loadu_si256((const __m256i*)p));
+}
+AVX512BF16 static inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+AVX512BF16 static inline void store16(uint16_t* p, __m512 v) {
+  _mm256_storeu_si256((__m256i*)p, narrow(v));
+}
+// v rounded to the row type's precision, kept in float32: what storing and loading it does
+AVX2FMA static inline __m256 keep8(const float*, __m256 v) { return v; }
+AVX2FMA static inline __m256 keep8(const uint16_t*, __m256 v) { return round8(v); }
+AVX512BF16 static inline __m512 keep16(const float*, __m512 v) { return v; }
+AVX512BF16 static inline __m512 keep16(const uint16_t*, __m512 v) { return widen(narrow(v)); }
 #endif
 
-// The ops decode_step.cpp calls (each file says what its op computes and the layouts it takes).
-torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
-                          const torch::Tensor& scales, const torch::Tensor& zeros,
-                          int64_t group_size);
-torch::Tensor int8_matmul(const torch::Tensor& x, const torch::Tensor& packed,
-                          const torch::Tensor& scales, const torch::Tensor& qsum);
-torch::Tensor bf16_matmul(const torch::Tensor& x, const torch::Tensor& packed);
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache,
-                                     const torch::Tensor& block_tables,
-                                     const torch::Tensor& seq_lens, double scale,
-                                     int64_t window);
-std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x,
-                                                      const torch::Tensor& residual,
-                                                      const torch::Tensor& weight, double eps);
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-void store_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& k_cache,
-              torch::Tensor& v_cache, const torch::Tensor& slot_mapping);
-std::tuple<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& q, const torch::Tensor& k,
-                                                const torch::Tensor& cos,
-                                                const torch::Tensor& sin);
+namespace pagedllm_cpu {
+// The scalar path's loads and stores, and the same rounding.
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return bf16_to_float(*p); }
+inline void store1(float* p, float v) { *p = v; }
+inline void store1(uint16_t* p, float v) { *p = float_to_bf16(v); }
+inline float keep1(const float*, float v) { return v; }
+inline float keep1(const uint16_t*, float v) { return bf16_to_float(float_to_bf16(v)); }
 
-void bind_decode_step(pybind11::module& m);  // decode_step.cpp's classes
+// Calls f with the rows' element type: a null pointer of uint16_t (bf16) or float. Kernels
+// take bf16 and float32 rows; any other dtype is refused by the caller's check.
+template <class F>
+decltype(auto) with_rows(at::ScalarType dtype, F&& f) {
+  if (dtype == at::kBFloat16) return f((uint16_t*)nullptr);
+  return f((float*)nullptr);
+}
+}  // namespace pagedllm_cpu
+
+// The ops decode_step.cpp calls (each file says what its op computes and the layouts it takes).
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                       const at::Tensor& zeros, int64_t group_size);
+at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                       const at::Tensor& qsum);
+at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed);
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, double scale, int64_t window);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slot_mapping);
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& cos, const at::Tensor& sin);

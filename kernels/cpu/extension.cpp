@@ -3,6 +3,8 @@
 // (TORCH_LIBRARY_FRAGMENT), named torch.ops.pagedllm_cpu.*.
 #include "cpu.h"
 
+#include <torch/csrc/utils/pybind.h>
+
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -56,6 +58,8 @@ pagedllm_cpu::Isa parse_isa(const std::string& name) {
 }
 
 }  // namespace
+
+void bind_decode_step(pybind11::module& m);  // decode_step.cpp's classes
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("machine_isa", [] { return std::string(pagedllm_cpu::isa_name(

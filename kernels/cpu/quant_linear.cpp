@@ -2,20 +2,37 @@
 // Beside kernels/quant_linear.py (Triton); twins: reference/ops/weight_quant.py
 // (quantized_linear) and F.linear. kernels/cpu_ops.py packs the weights and says why each.
 //
-// The products: x [M, K] bf16 times a weight held as int4 codes with a scale and zero
-// point per group (W4A16) or as bf16, -> [M, N] bf16. A decode step multiplies a few rows
-// by every weight, so it is as fast as the weights can be read. The codes become bf16
-// inside the registers, never written back as a float weight, and are multiplied with
-// vdpbf16ps: per 32-bit lane, two bf16 products added to a float32 accumulator. A 512-bit
-// register then holds 16 outputs x 2 inputs, the layout the weights are packed in
-// (cpu_ops.py): per block of 16 outputs, the inputs in pairs.
+// The products: x [M, K] (bf16 or float32) times a weight held as int8 codes with a scale
+// per output (W8), int4 codes with a scale and zero point per group (W4) or bf16, -> [M, N]
+// in x's dtype. A decode step multiplies a few rows by every weight, so it is as fast as the
+// weights can be read: the codes become numbers inside the registers, never written back as
+// a float weight. Every path accumulates in float32 and rounds once to x's dtype, as the twin
+// does; only the order of the additions differs.
 //
-// int4 codes q in [0, 15] stand for (q - 8) s + z in their group. 0x4300 | q is the bf16
-// bit pattern of 128 + q (bf16 keeps 7 mantissa bits), so one OR turns a code into a bf16
-// number, and a group's products sum to D = sum x (128 + q). With X = sum x over the group,
+// The packed layouts (cpu_ops.py): per block of 16 outputs, the inputs in pairs (bf16) or
+// fours (int8, int4), so that one 512-bit register holds 16 outputs x 2 bf16 inputs, the
+// operand of vdpbf16ps, or 16 outputs x 4 int8 codes, the operand of VNNI's vpdpbusd.
+// Three paths, chosen at run time (cpu.h, isa()):
+//
+// - AVX-512 BF16/VNNI with bf16 x: the codes become bf16 and meet x on vdpbf16ps (two bf16
+//   products a 32-bit lane, added to a float32), or int8 codes meet x on vpdpbusd as stored.
+// - float32 x on any path, and bf16 x below AVX-512 or with a float32 model's int4 scales
+//   (widened to float32 first: exact; the float32 result rounded once to bf16 at the end): each
+//   code becomes a float32 in the registers (an int8 or int4 code, or a bf16 weight, is
+//   exactly a float32) and meets x on FMA, whose product is exact and whose sum rounds as
+//   float32 does. AVX-512 takes a block's 16 outputs in one register, AVX2 in two halves of
+//   8 (one after the other: 8 rows x 1 half of accumulators fit AVX2's 16 registers), the
+//   scalar path in plain C++ loops that any compiler can vectorize (ARM included).
+//
+// int4 codes q in [0, 15] stand for (q - 8) s + z in their group. On the bf16 path, 0x4300 | q
+// is the bf16 bit pattern of 128 + q (bf16 keeps 7 mantissa bits), so one OR turns a code into
+// a bf16 number, and a group's products sum to D = sum x (128 + q). With X = sum x over the
+// group,
 //     sum x w = s sum x q + (z - 8 s) X = s D + (z - 136 s) X,
 // so the kernel adds X (z - 136 s) to s D: three FMAs a group. Scales and zero points stay
-// in bf16, as the twin stores them.
+// in bf16, as the twin stores them. The float32 path rebuilds the twin's weight instead,
+// w = fma(q - 8, s, z): with bf16 scales (q - 8) s is exact (4 x 8 bits), so w is the twin's
+// float32 weight bit for bit; float32 scales (a float32 model's) are read as they are.
 #include "cpu.h"
 
 #include <ATen/Parallel.h>
@@ -27,6 +44,9 @@
 using namespace pagedllm_cpu;
 
 namespace {
+
+#ifdef PAGEDLLM_X86
+// ---- AVX-512 BF16/VNNI, bf16 activations ----------------------------------------------------
 
 // --8<-- [start:int4_tile]
 // MB rows x 16 outputs of the int4 product; xs holds each row's sum over each group.
@@ -188,71 +208,323 @@ AVX512BF16 void int8_bf16_tile(const uint16_t* x, int64_t K, const int8_t* w,
     _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(
         _mm512_mul_ps(_mm512_add_ps(acc[m], acc_odd[m]), s)));
 }
+#endif  // PAGEDLLM_X86
 
-constexpr int64_t kRows = 8;  // rows a tile keeps in registers: 2 x 8 accumulators of 16 floats
+// ---- float32 activations: every path --------------------------------------------------------
+// A tile: MB rows (at most kRows) x the 16 outputs of one packed block, written as float32
+// to out (row stride N). C sums a row: a few rows keep more FMAs in flight (an FMA waits
+// about four cycles for the one before it on the same sum).
+constexpr int64_t kRows = 8;  // AVX2: 8 rows x 8 outputs of sums, the codes and x: 16 registers
 
-void check_x(const torch::Tensor& x, int64_t K) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
-              "x must be a contiguous [M, K] bfloat16 tensor");
+template <int MB>
+constexpr int kSums = MB <= 2 ? 4 : MB <= 4 ? 2 : 1;
+
+// int8 lane j (byte j of four), sign-extended: (v << 8 (3 - j)) >> 24, arithmetic
+#define INT8_CODE(V, J, SLLI, SRAI) SRAI(SLLI(V, 24 - 8 * (J)), 24)
+
+inline float load_scale(const uint16_t* p) { return bf16_to_float(*p); }
+inline float load_scale(const float* p) { return *p; }
+
+// int8: y = s sum_k x_k q_k, the scale applied once to the float32 sum (the twin applies it
+// to every weight first, q s: the same sum, another rounding or two).
+template <int MB>
+void int8_f32_tile_scalar(const float* x, int64_t K, const int8_t* w, const float* scale,
+                          float* out, int64_t N) {
+  float acc[MB][16] = {};
+  for (int64_t k = 0; k < K; k += 4)  // 64 bytes: [16 outputs][4 inputs]
+    for (int j = 0; j < 4; ++j) {
+      float c[16];
+      for (int n = 0; n < 16; ++n) c[n] = (float)w[k * 16 + n * 4 + j];
+      for (int m = 0; m < MB; ++m) {
+        const float xv = x[m * K + k + j];
+        for (int n = 0; n < 16; ++n) acc[m][n] += xv * c[n];
+      }
+    }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < 16; ++n) out[m * N + n] = acc[m][n] * scale[n];
+}
+
+// int4: each weight rebuilt as the twin builds it, (q - 8) s + z, then summed as float32.
+template <int MB, typename S>
+void int4_f32_tile_scalar(const float* x, int64_t K, const uint8_t* w, const S* scale,
+                          const S* zero, int64_t G, int64_t gs, float* out, int64_t N) {
+  float acc[MB][16] = {};
+  for (int64_t g = 0; g < G; ++g) {
+    float s[16], z[16];
+    for (int n = 0; n < 16; ++n) s[n] = load_scale(scale + g * 16 + n);
+    for (int n = 0; n < 16; ++n) z[n] = load_scale(zero + g * 16 + n);
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 4)
+      for (int j = 0; j < 4; ++j) {  // byte 2n + (j & 1): input k + j, low nibble if j < 2
+        float c[16];
+        for (int n = 0; n < 16; ++n) {
+          const uint8_t b = w[k * 8 + 2 * n + (j & 1)];
+          c[n] = (float)((j < 2 ? b & 0xF : b >> 4) - 8) * s[n] + z[n];
+        }
+        for (int m = 0; m < MB; ++m) {
+          const float xv = x[m * K + k + j];
+          for (int n = 0; n < 16; ++n) acc[m][n] += xv * c[n];
+        }
+      }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < 16; ++n) out[m * N + n] = acc[m][n];
+}
+
+template <int MB>
+void bf16_f32_tile_scalar(const float* x, int64_t K, const uint16_t* w, float* out,
+                          int64_t N) {
+  float acc[MB][16] = {};
+  for (int64_t k = 0; k < K; ++k) {  // pair k / 2: [16 outputs][2 inputs]
+    float c[16];
+    for (int n = 0; n < 16; ++n) c[n] = bf16_to_float(w[(k >> 1) * 32 + 2 * n + (k & 1)]);
+    for (int m = 0; m < MB; ++m) {
+      const float xv = x[m * K + k];
+      for (int n = 0; n < 16; ++n) acc[m][n] += xv * c[n];
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < 16; ++n) out[m * N + n] = acc[m][n];
+}
+
+#ifdef PAGEDLLM_X86
+// -- AVX2 + FMA: a block's 16 outputs as two halves of 8, one after the other. Bytes of a
+// half: int8 32 of each 64 (8 outputs x 4 inputs), int4 16 of each 32, bf16 32 of each 64.
+// 8 scales or zero points as float32, from bf16 (exact) or float32
+AVX2FMA static inline __m256 scales8(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+AVX2FMA static inline __m256 scales8(const float* p) { return _mm256_loadu_ps(p); }
+
+// Sums acc[m][c] += w * x[m][k]: the weight vector for input k meets every row's x_k.
+template <int MB>
+AVX2FMA __attribute__((always_inline)) static inline void fma_rows8(
+    __m256 (*acc)[kSums<MB>], __m256 w, const float* x, int64_t K, int64_t k, int c) {
+  for (int m = 0; m < MB; ++m)
+    acc[m][c] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[m * K + k]), acc[m][c]);
+}
+
+template <int MB>
+AVX2FMA static inline void store_rows8(__m256 (*acc)[kSums<MB>], __m256 s, float* out,
+                                       int64_t N) {
+  for (int m = 0; m < MB; ++m) {
+    __m256 sum = acc[m][0];
+    for (int c = 1; c < kSums<MB>; ++c) sum = _mm256_add_ps(sum, acc[m][c]);
+    _mm256_storeu_ps(out + m * N, _mm256_mul_ps(sum, s));
+  }
+}
+
+template <int MB>
+AVX2FMA void int8_f32_tile_avx2(const float* x, int64_t K, const int8_t* w, const float* scale,
+                                float* out, int64_t N) {
+  constexpr int C = kSums<MB>;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MB][C];
+    for (int m = 0; m < MB; ++m)
+      for (int c = 0; c < C; ++c) acc[m][c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 4) {
+      // lane n: the four codes of output 8h + n, inputs k..k+3, one a byte
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(w + k * 16 + h * 32));
+#define CODE(J) _mm256_cvtepi32_ps(INT8_CODE(v, J, _mm256_slli_epi32, _mm256_srai_epi32))
+      fma_rows8<MB>(acc, CODE(0), x, K, k, 0);
+      fma_rows8<MB>(acc, CODE(1), x, K, k + 1, 1 % C);
+      fma_rows8<MB>(acc, CODE(2), x, K, k + 2, 2 % C);
+      fma_rows8<MB>(acc, _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 24)), x, K, k + 3, 3 % C);
+#undef CODE
+    }
+    store_rows8<MB>(acc, _mm256_loadu_ps(scale + 8 * h), out + 8 * h, N);
+  }
+}
+
+template <int MB, typename S>
+AVX2FMA void int4_f32_tile_avx2(const float* x, int64_t K, const uint8_t* w, const S* scale,
+                                const S* zero, int64_t G, int64_t gs, float* out, int64_t N) {
+  constexpr int C = kSums<MB>;
+  // The 16 bits of bytes 2n, 2n + 1 hold from the bottom q(k), q(k+2), q(k+1), q(k+3). XOR
+  // 8 turns a nibble q into the 4-bit two's complement of q - 8; a nibble shifted to the top
+  // of a 32-bit lane and back (arithmetic) is then q - 8, the top one by sign extension.
+  const __m128i flip = _mm_set1_epi16((short)0x8888);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MB][C];
+    for (int m = 0; m < MB; ++m)
+      for (int c = 0; c < C; ++c) acc[m][c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const __m256 s = scales8(scale + g * 16 + 8 * h), z = scales8(zero + g * 16 + 8 * h);
+      for (int64_t k = g * gs; k < (g + 1) * gs; k += 4) {
+        const __m256i v = _mm256_cvtepi16_epi32(
+            _mm_xor_si128(_mm_loadu_si128((const __m128i*)(w + k * 8 + h * 16)), flip));
+#define WEIGHT(Q) _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q), s, z)  // (q - 8) s + z
+#define NIBBLE(AT) _mm256_srai_epi32(_mm256_slli_epi32(v, 28 - (AT)), 28)
+        fma_rows8<MB>(acc, WEIGHT(NIBBLE(0)), x, K, k, 0);
+        fma_rows8<MB>(acc, WEIGHT(NIBBLE(8)), x, K, k + 1, 1 % C);
+        fma_rows8<MB>(acc, WEIGHT(NIBBLE(4)), x, K, k + 2, 2 % C);
+        fma_rows8<MB>(acc, WEIGHT(_mm256_srai_epi32(v, 12)), x, K, k + 3, 3 % C);
+#undef NIBBLE
+#undef WEIGHT
+      }
+    }
+    store_rows8<MB>(acc, _mm256_set1_ps(1.f), out + 8 * h, N);
+  }
+}
+
+template <int MB>
+AVX2FMA void bf16_f32_tile_avx2(const float* x, int64_t K, const uint16_t* w, float* out,
+                                int64_t N) {
+  constexpr int C = kSums<MB>;
+  const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MB][C];
+    for (int m = 0; m < MB; ++m)
+      for (int c = 0; c < C; ++c) acc[m][c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 4) {  // two pairs: lane n holds w(k) low, w(k+1) high
+      const __m256i p0 = _mm256_loadu_si256((const __m256i*)(w + k * 16 + h * 16));
+      const __m256i p1 = _mm256_loadu_si256((const __m256i*)(w + k * 16 + 32 + h * 16));
+      fma_rows8<MB>(acc, _mm256_castsi256_ps(_mm256_slli_epi32(p0, 16)), x, K, k, 0);
+      fma_rows8<MB>(acc, _mm256_castsi256_ps(_mm256_and_si256(p0, high)), x, K, k + 1, 1 % C);
+      fma_rows8<MB>(acc, _mm256_castsi256_ps(_mm256_slli_epi32(p1, 16)), x, K, k + 2, 2 % C);
+      fma_rows8<MB>(acc, _mm256_castsi256_ps(_mm256_and_si256(p1, high)), x, K, k + 3, 3 % C);
+    }
+    store_rows8<MB>(acc, _mm256_set1_ps(1.f), out + 8 * h, N);
+  }
+}
+
+// -- AVX-512 with float32 x: the AVX2 loops on a whole block of 16 outputs a register.
+AVX512BF16 static inline __m512 scales16(const uint16_t* p) {
+  return widen(_mm256_loadu_si256((const __m256i*)p));
+}
+AVX512BF16 static inline __m512 scales16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <int MB>
+AVX512BF16 __attribute__((always_inline)) static inline void fma_rows16(
+    __m512 (*acc)[kSums<MB>], __m512 w, const float* x, int64_t K, int64_t k, int c) {
+  for (int m = 0; m < MB; ++m)
+    acc[m][c] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[m * K + k]), acc[m][c]);
+}
+
+template <int MB>
+AVX512BF16 static inline void store_rows16(__m512 (*acc)[kSums<MB>], __m512 s, float* out,
+                                           int64_t N) {
+  for (int m = 0; m < MB; ++m) {
+    __m512 sum = acc[m][0];
+    for (int c = 1; c < kSums<MB>; ++c) sum = _mm512_add_ps(sum, acc[m][c]);
+    _mm512_storeu_ps(out + m * N, _mm512_mul_ps(sum, s));
+  }
+}
+
+template <int MB>
+AVX512BF16 void int8_f32_tile_avx512(const float* x, int64_t K, const int8_t* w,
+                                     const float* scale, float* out, int64_t N) {
+  constexpr int C = kSums<MB>;
+  __m512 acc[MB][C];
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < C; ++c) acc[m][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 4) {
+    const __m512i v = _mm512_loadu_si512((const void*)(w + k * 16));
+#define CODE(J) _mm512_cvtepi32_ps(INT8_CODE(v, J, _mm512_slli_epi32, _mm512_srai_epi32))
+    fma_rows16<MB>(acc, CODE(0), x, K, k, 0);
+    fma_rows16<MB>(acc, CODE(1), x, K, k + 1, 1 % C);
+    fma_rows16<MB>(acc, CODE(2), x, K, k + 2, 2 % C);
+    fma_rows16<MB>(acc, _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 24)), x, K, k + 3, 3 % C);
+#undef CODE
+  }
+  store_rows16<MB>(acc, _mm512_loadu_ps(scale), out, N);
+}
+
+template <int MB, typename S>
+AVX512BF16 void int4_f32_tile_avx512(const float* x, int64_t K, const uint8_t* w,
+                                     const S* scale, const S* zero, int64_t G, int64_t gs,
+                                     float* out, int64_t N) {
+  constexpr int C = kSums<MB>;
+  const __m256i flip = _mm256_set1_epi16((short)0x8888);  // as in int4_f32_tile_avx2
+  __m512 acc[MB][C];
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < C; ++c) acc[m][c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const __m512 s = scales16(scale + g * 16), z = scales16(zero + g * 16);
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 4) {
+      const __m512i v = _mm512_cvtepi16_epi32(
+          _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(w + k * 8)), flip));
+#define WEIGHT(Q) _mm512_fmadd_ps(_mm512_cvtepi32_ps(Q), s, z)
+#define NIBBLE(AT) _mm512_srai_epi32(_mm512_slli_epi32(v, 28 - (AT)), 28)
+      fma_rows16<MB>(acc, WEIGHT(NIBBLE(0)), x, K, k, 0);
+      fma_rows16<MB>(acc, WEIGHT(NIBBLE(8)), x, K, k + 1, 1 % C);
+      fma_rows16<MB>(acc, WEIGHT(NIBBLE(4)), x, K, k + 2, 2 % C);
+      fma_rows16<MB>(acc, WEIGHT(_mm512_srai_epi32(v, 12)), x, K, k + 3, 3 % C);
+#undef NIBBLE
+#undef WEIGHT
+    }
+  }
+  store_rows16<MB>(acc, _mm512_set1_ps(1.f), out, N);
+}
+
+template <int MB>
+AVX512BF16 void bf16_f32_tile_avx512(const float* x, int64_t K, const uint16_t* w, float* out,
+                                     int64_t N) {
+  constexpr int C = kSums<MB>;
+  const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+  __m512 acc[MB][C];
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < C; ++c) acc[m][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 4) {
+    const __m512i p0 = _mm512_loadu_si512((const void*)(w + k * 16));
+    const __m512i p1 = _mm512_loadu_si512((const void*)(w + k * 16 + 32));
+    fma_rows16<MB>(acc, _mm512_castsi512_ps(_mm512_slli_epi32(p0, 16)), x, K, k, 0);
+    fma_rows16<MB>(acc, _mm512_castsi512_ps(_mm512_and_si512(p0, high)), x, K, k + 1, 1 % C);
+    fma_rows16<MB>(acc, _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16)), x, K, k + 2, 2 % C);
+    fma_rows16<MB>(acc, _mm512_castsi512_ps(_mm512_and_si512(p1, high)), x, K, k + 3, 3 % C);
+  }
+  store_rows16<MB>(acc, _mm512_set1_ps(1.f), out, N);
+}
+#endif  // PAGEDLLM_X86
+
+// tile.template operator()<R>() for R = rows (1..kRows): the tiles take their rows as a
+// template argument, so that their sums stay in registers.
+template <class Tile>
+void tile_rows(int64_t rows, const Tile& tile) {
+  switch (rows) {
+    case 1: tile.template operator()<1>(); break;
+    case 2: tile.template operator()<2>(); break;
+    case 3: tile.template operator()<3>(); break;
+    case 4: tile.template operator()<4>(); break;
+    case 5: tile.template operator()<5>(); break;
+    case 6: tile.template operator()<6>(); break;
+    case 7: tile.template operator()<7>(); break;
+    case 8: tile.template operator()<8>(); break;
+  }
+}
+
+// The float32 paths of an op: x as float32 rows (a bf16 x widened once, exactly), every
+// block of 16 outputs in tiles of kRows rows, out in x's dtype. tile<R>(xm, o, nb) writes
+// rows xm.. of block nb as float32 to o (row stride N).
+template <class Tile>
+at::Tensor float_product(const at::Tensor& x, int64_t NB, const Tile& tile) {
+  const int64_t M = x.size(0), K = x.size(1), N = NB * 16;
+  at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  auto out = at::empty({M, N}, xf.options());
+  const float* xp = xf.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t nb = b0; nb < b1; ++nb)
+      for (int64_t m0 = 0; m0 < M; m0 += kRows)
+        tile_rows(std::min(kRows, M - m0), [&]<int R>() {
+          tile.template operator()<R>(xp + m0 * K, op + m0 * N + nb * 16, nb);
+        });
+  });
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());  // one rounding
+}
+
+void check_x(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kBFloat16 ||
+                               x.scalar_type() == at::kFloat) && x.is_contiguous(),
+              "x must be a contiguous [M, K] bfloat16 or float32 tensor");
   TORCH_CHECK(x.size(1) == K, "x has ", x.size(1), " inputs; the weight takes ", K);
 }
 
-}  // namespace
-
-// packed [N/16, K/4, 32] uint8; scales, zeros [N/16, G, 16] bf16
-torch::Tensor int4_matmul(const torch::Tensor& x, const torch::Tensor& packed,
-                          const torch::Tensor& scales, const torch::Tensor& zeros,
-                          int64_t group_size) {
-  TORCH_CHECK(isa() == Isa::avx512, "int4_matmul has no path for ", isa_name(isa()));
-  const int64_t NB = packed.size(0), K = packed.size(1) * 4, N = NB * 16, G = K / group_size;
-  check_x(x, K);
-  TORCH_CHECK(group_size % 4 == 0 && K % group_size == 0 && scales.numel() == NB * G * 16 &&
-              zeros.numel() == NB * G * 16 && packed.is_contiguous() &&
-              scales.is_contiguous() && zeros.is_contiguous(),
-              "int4_matmul takes cpu_ops.pack_int4's tensors");
-  const int64_t M = x.size(0);
-  auto out = torch::empty({M, N}, x.options());
-  const uint16_t* xp = (const uint16_t*)x.data_ptr();
-  std::vector<float> xs(M * G);  // [M, G]: each row's sum over each group
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      float sum = 0.f;
-      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
-        uint32_t bits = (uint32_t)xp[m * K + k] << 16;
-        float v;
-        std::memcpy(&v, &bits, 4);
-        sum += v;
-      }
-      xs[m * G + g] = sum;
-    }
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  TORCH_CHECK(scales.scalar_type() == torch::kBFloat16 && zeros.scalar_type() ==
-              torch::kBFloat16, "int4 scales and zero points are bf16");
-  const uint16_t* sp = (const uint16_t*)scales.data_ptr();
-  const uint16_t* zp = (const uint16_t*)zeros.data_ptr();
-  uint16_t* op = (uint16_t*)out.data_ptr();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb)
-      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-        const uint16_t* xm = xp + m0 * K;
-        const float* xsm = xs.data() + m0 * G;
-        const uint8_t* w = wp + nb * K * 8;
-        const uint16_t *s = sp + nb * G * 16, *z = zp + nb * G * 16;
-        uint16_t* o = op + m0 * N + nb * 16;
-        switch (std::min(kRows, M - m0)) {
-#define TILE(R) case R: int4_tile<R>(xm, K, w, s, z, xsm, G, group_size, o, N); break;
-          TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
-#undef TILE
-        }
-      }
-  });
-  return out;
-}
-
+#ifdef PAGEDLLM_X86
 // Each row as int8_tile's three byte planes [3, K] and its scale 2^(e - 23). A row with a
 // value that is not finite gives NaN outputs (the planes cannot hold it). K % 16 == 0.
-AVX512BF16 static void int8_planes(const uint16_t* x, int64_t M, int64_t K, uint8_t* planes,
-                                   float* row_scale) {
+AVX512BF16 void int8_planes(const uint16_t* x, int64_t M, int64_t K, uint8_t* planes,
+                            float* row_scale) {
   for (int64_t m = 0; m < M; ++m) {
     const uint16_t* xr = x + m * K;
     __m512 peak = _mm512_setzero_ps();
@@ -280,86 +552,168 @@ AVX512BF16 static void int8_planes(const uint16_t* x, int64_t M, int64_t K, uint
     }
   }
 }
+#endif
+
+}  // namespace
+
+// packed [N/16, K/4, 32] uint8; scales, zeros [N/16, G, 16] bf16 (or float32: a float32
+// model's, read as they are on the float32 path)
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed,
+                          const at::Tensor& scales, const at::Tensor& zeros,
+                          int64_t group_size) {
+  TORCH_CHECK(group_size > 0 && group_size % 4 == 0 && packed.dim() >= 2,
+              "int4_matmul takes cpu_ops.pack_int4's tensors");
+  const int64_t NB = packed.size(0), K = packed.size(1) * 4, N = NB * 16, G = K / group_size;
+  check_x(x, K);
+  TORCH_CHECK(K % group_size == 0 && packed.numel() == N * K / 2 &&
+              packed.scalar_type() == at::kByte && scales.numel() == NB * G * 16 &&
+              zeros.numel() == NB * G * 16 && packed.is_contiguous() &&
+              scales.is_contiguous() && zeros.is_contiguous(),
+              "int4_matmul takes cpu_ops.pack_int4's tensors");
+  TORCH_CHECK(scales.scalar_type() == zeros.scalar_type() &&
+              (scales.scalar_type() == at::kBFloat16 ||
+               scales.scalar_type() == at::kFloat),
+              "int4 scales and zero points are both bf16 or both float32");
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const bool bf16_scales = scales.scalar_type() == at::kBFloat16;
+#ifdef PAGEDLLM_X86
+  if (isa() == Isa::avx512 && x.scalar_type() == at::kBFloat16 && bf16_scales) {
+    const int64_t M = x.size(0);
+    auto out = at::empty({M, N}, x.options());
+    const uint16_t* xp = (const uint16_t*)x.data_ptr();
+    std::vector<float> xs(M * G);  // [M, G]: each row's sum over each group
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        float sum = 0.f;
+        for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k)
+          sum += bf16_to_float(xp[m * K + k]);
+        xs[m * G + g] = sum;
+      }
+    const uint16_t* sp = (const uint16_t*)scales.data_ptr();
+    const uint16_t* zp = (const uint16_t*)zeros.data_ptr();
+    uint16_t* op = (uint16_t*)out.data_ptr();
+    at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t nb = b0; nb < b1; ++nb)
+        for (int64_t m0 = 0; m0 < M; m0 += kRows)
+          tile_rows(std::min(kRows, M - m0), [&]<int R>() {
+            int4_tile<R>(xp + m0 * K, K, wp + nb * K * 8, sp + nb * G * 16, zp + nb * G * 16,
+                         xs.data() + m0 * G, G, group_size, op + m0 * N + nb * 16, N);
+          });
+    });
+    return out;
+  }
+#endif
+  auto run = [&]<typename S>(const S* sp, const S* zp) {
+    [[maybe_unused]] const Isa path = isa();
+    return float_product(x, NB, [&]<int R>(const float* xm, float* o, int64_t nb) {
+      const uint8_t* w = wp + nb * K * 8;
+      const S *s = sp + nb * G * 16, *z = zp + nb * G * 16;
+#ifdef PAGEDLLM_X86
+      if (path == Isa::avx512)
+        return int4_f32_tile_avx512<R>(xm, K, w, s, z, G, group_size, o, N);
+      if (path == Isa::avx2) return int4_f32_tile_avx2<R>(xm, K, w, s, z, G, group_size, o, N);
+#endif
+      int4_f32_tile_scalar<R>(xm, K, w, s, z, G, group_size, o, N);
+    });
+  };
+  if (bf16_scales)
+    return run((const uint16_t*)scales.data_ptr(), (const uint16_t*)zeros.data_ptr());
+  return run(scales.data_ptr<float>(), zeros.data_ptr<float>());
+}
 
 // packed [N/16, K/4, 64] int8 (16 outputs x 4 inputs); scales [N] float32; qsum [N] int32
-torch::Tensor int8_matmul(const torch::Tensor& x, const torch::Tensor& packed,
-                          const torch::Tensor& scales, const torch::Tensor& qsum) {
-  TORCH_CHECK(isa() == Isa::avx512, "int8_matmul has no path for ", isa_name(isa()));
+at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& packed,
+                          const at::Tensor& scales, const at::Tensor& qsum) {
+  TORCH_CHECK(packed.dim() >= 2, "int8_matmul takes cpu_ops.pack_int8's codes");
   const int64_t NB = packed.size(0), K = packed.size(1) * 4, N = NB * 16;
   check_x(x, K);
   // K <= 65536: a plane's int32 sum of 255 x 128 products an input cannot wrap
   TORCH_CHECK(K % 16 == 0 && K <= 65536 && packed.is_contiguous() &&
-              packed.scalar_type() == torch::kInt8 &&
-              scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
-              scales.numel() == N && qsum.scalar_type() == torch::kInt32 &&
+              packed.scalar_type() == at::kChar && packed.numel() == N * K &&
+              scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+              scales.numel() == N && qsum.scalar_type() == at::kInt &&
               qsum.is_contiguous() && qsum.numel() == N,
               "int8_matmul takes cpu_ops.pack_int8's codes (inputs a multiple of 16, at most "
               "65536), float32 scales and int32 sums");
-  const int64_t M = x.size(0);
-  auto out = torch::empty({M, N}, x.options());
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  uint16_t* op = (uint16_t*)out.data_ptr();
-  if (M >= 4) {  // the codes as bf16, every row on vdpbf16ps
-    const uint16_t* xp = (const uint16_t*)x.data_ptr();
+  [[maybe_unused]] const Isa path = isa();
+#ifdef PAGEDLLM_X86
+  if (path == Isa::avx512 && x.scalar_type() == at::kBFloat16) {
+    const int64_t M = x.size(0);
+    auto out = at::empty({M, N}, x.options());
+    uint16_t* op = (uint16_t*)out.data_ptr();
+    if (M >= 4) {  // the codes as bf16, every row on vdpbf16ps
+      const uint16_t* xp = (const uint16_t*)x.data_ptr();
+      at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t nb = b0; nb < b1; ++nb)
+          for (int64_t m0 = 0; m0 < M; m0 += kRows)
+            tile_rows(std::min(kRows, M - m0), [&]<int R>() {
+              int8_bf16_tile<R>(xp + m0 * K, K, wp + nb * K * 16, sp + nb * 16,
+                                op + m0 * N + nb * 16, N);
+            });
+      });
+      return out;
+    }
+    std::vector<uint8_t> planes(M * 3 * K);  // one to three rows: VNNI on the codes as stored
+    std::vector<float> row_scale(M);
+    int8_planes((const uint16_t*)x.data_ptr(), M, K, planes.data(), row_scale.data());
+    const int32_t* qp = qsum.data_ptr<int32_t>();
     at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t nb = b0; nb < b1; ++nb)
-        for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-          const int8_t* w = wp + nb * K * 16;
-          uint16_t* o = op + m0 * N + nb * 16;
-          switch (std::min(kRows, M - m0)) {
-#define TILE(R) case R: int8_bf16_tile<R>(xp + m0 * K, K, w, sp + nb * 16, o, N); break;
-            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
-#undef TILE
-          }
-        }
+        tile_rows(M, [&]<int R>() {
+          if constexpr (R <= 3)
+            int8_tile<R>(planes.data(), K, wp + nb * K * 16, sp + nb * 16, qp + nb * 16,
+                         row_scale.data(), op + nb * 16, N);
+        });
     });
     return out;
   }
-  std::vector<uint8_t> planes(M * 3 * K);  // one to three rows: VNNI on the codes as stored
-  std::vector<float> row_scale(M);
-  int8_planes((const uint16_t*)x.data_ptr(), M, K, planes.data(), row_scale.data());
-  const int32_t* qp = qsum.data_ptr<int32_t>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb) {
-      const int8_t* w = wp + nb * K * 16;
-      switch (M) {
-#define TILE(R) \
-  case R: int8_tile<R>(planes.data(), K, w, sp + nb * 16, qp + nb * 16, row_scale.data(), \
-                       op + nb * 16, N); break;
-        TILE(1) TILE(2) TILE(3)
-#undef TILE
-      }
-    }
+#endif
+  return float_product(x, NB, [&]<int R>(const float* xm, float* o, int64_t nb) {
+    const int8_t* w = wp + nb * K * 16;
+#ifdef PAGEDLLM_X86
+    if (path == Isa::avx512) return int8_f32_tile_avx512<R>(xm, K, w, sp + nb * 16, o, N);
+    if (path == Isa::avx2) return int8_f32_tile_avx2<R>(xm, K, w, sp + nb * 16, o, N);
+#endif
+    int8_f32_tile_scalar<R>(xm, K, w, sp + nb * 16, o, N);
   });
-  return out;
 }
 
 // packed [N/16, K/2, 32] bf16
-torch::Tensor bf16_matmul(const torch::Tensor& x, const torch::Tensor& packed) {
-  TORCH_CHECK(isa() == Isa::avx512, "bf16_matmul has no path for ", isa_name(isa()));
+at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(packed.dim() >= 2, "bf16_matmul takes cpu_ops.pack_bf16's weight");
   const int64_t NB = packed.size(0), K = packed.size(1) * 2, N = NB * 16;
   check_x(x, K);
-  TORCH_CHECK(K % 4 == 0 && packed.is_contiguous(),
+  TORCH_CHECK(K % 4 == 0 && packed.is_contiguous() && packed.numel() == N * K &&
+              packed.scalar_type() == at::kBFloat16,
               "bf16_matmul takes cpu_ops.pack_bf16's weight");
-  const int64_t M = x.size(0);
-  auto out = torch::empty({M, N}, x.options());
-  const uint16_t* xp = (const uint16_t*)x.data_ptr();
   const uint16_t* wp = (const uint16_t*)packed.data_ptr();
-  uint16_t* op = (uint16_t*)out.data_ptr();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t nb = b0; nb < b1; ++nb)
-      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-        const uint16_t* xm = xp + m0 * K;
-        uint16_t* o = op + m0 * N + nb * 16;
-        switch (std::min(kRows, M - m0)) {
-#define TILE(R) case R: bf16_tile<R>(xm, K, wp + nb * K * 16, o, N); break;
-          TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
-#undef TILE
-        }
-      }
+  [[maybe_unused]] const Isa path = isa();
+#ifdef PAGEDLLM_X86
+  if (path == Isa::avx512 && x.scalar_type() == at::kBFloat16) {
+    const int64_t M = x.size(0);
+    auto out = at::empty({M, N}, x.options());
+    const uint16_t* xp = (const uint16_t*)x.data_ptr();
+    uint16_t* op = (uint16_t*)out.data_ptr();
+    at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t nb = b0; nb < b1; ++nb)
+        for (int64_t m0 = 0; m0 < M; m0 += kRows)
+          tile_rows(std::min(kRows, M - m0), [&]<int R>() {
+            bf16_tile<R>(xp + m0 * K, K, wp + nb * K * 16, op + m0 * N + nb * 16, N);
+          });
+    });
+    return out;
+  }
+#endif
+  return float_product(x, NB, [&]<int R>(const float* xm, float* o, int64_t nb) {
+    const uint16_t* w = wp + nb * K * 16;
+#ifdef PAGEDLLM_X86
+    if (path == Isa::avx512) return bf16_f32_tile_avx512<R>(xm, K, w, o, N);
+    if (path == Isa::avx2) return bf16_f32_tile_avx2<R>(xm, K, w, o, N);
+#endif
+    bf16_f32_tile_scalar<R>(xm, K, w, o, N);
   });
-  return out;
 }
 
 // torch operators (torch.ops.pagedllm_cpu.*): the profiler names them, as it names aten's

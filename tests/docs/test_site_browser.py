@@ -19,9 +19,11 @@ Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by selenium). On
 On a few Korean pages, in a window 400 px wide (a phone), what a Korean reader needs: lines
 break between words, never inside one (``word-break: keep-all``; Chromium otherwise breaks Hangul
 between any two syllables), no Hangul is slanted (Hangul has no italic), and the text is set in
-the Korean font stack. Lesson 17's seven-column tables fit a 1280-px window. The page that
-describes the source articles exists in both editions, and the language switch, relative on
-every page, leads from each home page to the other.
+the Korean font stack. Two Korean pages load the Korean edition of each figure (the bytes of
+``lessons/figures/NAME.ko.png``, served as ``ko/figures/NAME.png``). Lesson 17's seven-column
+tables fit a 1280-px window. The page that describes the source articles exists in both
+editions, and the language switch, relative on every page, leads from each home page to the
+other.
 
 Skips where Chromium, its driver or selenium is absent; ``.ci/run`` installs Chromium first so
 that CI always runs it.
@@ -295,6 +297,40 @@ def test_language_switch_leads_to_the_twin(server, browser):
         browser.get(link.get_attribute("href"))
         assert browser.current_url == f"{server}/{there}", browser.current_url
         assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == lang
+
+
+# Every <img> of a figure on a Korean page, once the browser has loaded it: its resolved src and
+# its natural width.
+FIGURES_SHOWN = """
+const done = arguments[arguments.length - 1];
+const figures = [...document.querySelectorAll("article img")]
+  .filter((img) => new URL(img.src).pathname.includes("/figures/"));
+Promise.all(figures.map((img) => img.decode().catch(() => null)))
+  .then(() => done(figures.map((img) => [img.src, img.naturalWidth])));
+"""
+
+
+def test_korean_pages_show_the_korean_figures(server, browser):
+    # The page writes figures/NAME.ko.png; mkdocs-static-i18n publishes that file as
+    # ko/figures/NAME.png (and the English NAME.png as figures/NAME.png), so what the Korean
+    # page's <img> loads must be under ko/figures/ and be the bytes of NAME.ko.png.
+    from urllib.request import urlopen
+
+    figures = ROOT / "lessons" / "figures"
+    for page in ("ko/03-paging/", "ko/18-weight-quantization/"):
+        browser.get(f"{server}/{page}")
+        shown = browser.execute_async_script(FIGURES_SHOWN)
+        assert shown, f"{page}: no figure on the page"
+        for src, width in shown:
+            path = urlsplit(src).path
+            assert path.startswith("/ko/figures/") and path.endswith(".png"), (page, src)
+            assert width > 0, f"{page}: {src} did not load"
+            name = path.rsplit("/", 1)[1]
+            with urlopen(src, timeout=10) as response:
+                served = response.read()
+            korean = (figures / name.replace(".png", ".ko.png")).read_bytes()
+            assert served == korean, f"{page}: {src} is not lessons/figures/{name[:-4]}.ko.png"
+            assert served != (figures / name).read_bytes(), f"{page}: {src} is the English figure"
 
 
 # Run on a Korean page: every text node with Hangul outside code and formulas, its computed

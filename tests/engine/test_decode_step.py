@@ -3,22 +3,25 @@ the modules give, bit for bit: the same kernels in the same order. ``enforce_eag
 the modules (as it turns CUDA graphs off on a GPU), so the two runs are compared on greedy and
 seeded random tokens and on their logprobs, over models that exercise what the stack reads:
 multi-head and grouped-query attention, a sliding window, biases on Q/K/V with a tied head,
-and each kind of product (bf16, int8, int4), with preemption and block reuse in the run.
+and each kind of product (bf16, int8, int4; in a float32 model ATen's dense product and int8,
+int4), with preemption and block reuse in the run, and a float32 model on every
+instruction-set path this machine has.
 """
 
 from dataclasses import replace
 
 import pytest
+import torch
 
 from pagedllm import optimized
-from pagedllm.optimized.backend import OPTIMIZED_BACKEND
-from pagedllm.kernels.cpu_ops import cpu_kernels
+from pagedllm.kernels.cpu_ops import FLOATS, ISAS, cpu_kernels, use_isa
+from pagedllm.optimized.backend import CPU_BACKEND
+from pagedllm.optimized.decode_step import PACKED
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 pytestmark = pytest.mark.skipif(cpu_kernels() is None,
-                                reason="this CPU has no AVX-512 BF16 (or the kernels did not "
-                                       "build): the stack is not used")
+                                reason="the CPU kernels did not build: the stack is not used")
 
 # head_dim 32 (64 / 2 heads): the decode kernel takes 32 or 64
 FAMILIES = {
@@ -28,7 +31,20 @@ FAMILIES = {
     "qwen2": dict(num_attention_heads=2, num_key_value_heads=1),  # qkv bias, tied head
 }
 WEIGHTS = {"bf16": dict(dtype="bfloat16"), "int8": dict(quantization="int8"),
-           "int4": dict(quantization="int4", quantization_group_size=32)}
+           "int4": dict(quantization="int4", quantization_group_size=32),
+           "fp32": dict(dtype="float32"),
+           "int8-fp32": dict(dtype="float32", quantization="int8"),
+           "int4-fp32": dict(dtype="float32", quantization="int4", quantization_group_size=32)}
+
+
+def _skip_unless_the_stack_can_run(llm, weights):
+    """A float32 model runs the stack where the CPU ops run their kernels in float32 and its
+    quantized products are on our kernels (quant_layers.py); elsewhere the modules run it."""
+    if weights.endswith("fp32") and torch.float32 not in FLOATS:
+        pytest.skip("the CPU ops run their kernels in bf16 only")
+    layer = llm.engine.runner.model.model.layers[0]
+    if "quantization" in WEIGHTS[weights] and not isinstance(layer.mlp.down_proj, PACKED):
+        pytest.skip(f"{weights}: the products are not on our kernels")
 
 
 @pytest.fixture(scope="module")
@@ -59,24 +75,38 @@ def _run(path, enforce_eager, **options):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_stack_gives_the_modules_results_bit_for_bit(paths, family, weights):
     fused, fused_out = _run(paths[family], False, **WEIGHTS[weights])
+    _skip_unless_the_stack_can_run(fused, weights)
     eager, eager_out = _run(paths[family], True, **WEIGHTS[weights])
-    assert fused.engine.runner.decode_step is not None  # the stack ran the decode steps
-    assert eager.engine.runner.decode_step is None
+    assert fused.engine.runner.whole_step is not None  # the stack ran the decode steps
+    assert eager.engine.runner.whole_step is None
     assert fused.stats()["preemptions_recompute"] + fused.stats()["preemptions_swap"] > 0
     assert fused_out == eager_out  # tokens and logprobs, exactly
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_stack_gives_the_modules_results_on_every_path(paths, isa):
+    """A float32 model (ATen's products, our small kernels and attention) on each
+    instruction-set path: the stack and the modules take the same path, with the same
+    results."""
+    with use_isa(isa):
+        fused, fused_out = _run(paths["llama3"], False, dtype="float32")
+        _skip_unless_the_stack_can_run(fused, "fp32")
+        _, eager_out = _run(paths["llama3"], True, dtype="float32")
+    assert fused.engine.runner.whole_step is not None
+    assert fused_out == eager_out
+
+
 @pytest.mark.parametrize("case, options", [
     ("q/k norms (qwen3)", dict(path="qwen3", dtype="bfloat16")),
-    ("float32", dict(path="llama", dtype="float32")),
+    ("float16", dict(path="llama", dtype="float16")),
     ("a swapped op", dict(path="llama", dtype="bfloat16", backend=replace(
-        OPTIMIZED_BACKEND, rms_norm=lambda *a, **k: OPTIMIZED_BACKEND.rms_norm(*a, **k)))),
+        CPU_BACKEND, rms_norm=lambda *a, **k: CPU_BACKEND.rms_norm(*a, **k)))),
 ])
 def test_what_the_stack_cannot_run_runs_the_modules(paths, case, options):
     options = dict(options)
     path = paths[options.pop("path")]
     llm = optimized.LLM(path, **options)
-    assert llm.engine.runner.decode_step is None, case
+    assert llm.engine.runner.whole_step is None, case
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert len(llm.generate([{"prompt_token_ids": [5, 6, 7]}], params,
                             use_tqdm=False)[0].outputs[0].token_ids) == 8
@@ -96,7 +126,7 @@ def test_a_step_the_stack_refuses_ends_its_requests_and_leaves_the_engine_usable
     with the error, their blocks are freed, nothing was written, and the engine runs the next
     requests as a fresh engine does."""
     llm = optimized.LLM(paths["llama3"], dtype="bfloat16", block_size=4)
-    assert llm.engine.runner.decode_step is not None
+    assert llm.engine.runner.whole_step is not None
     prompts = [{"prompt_token_ids": [3 + i, 9, 27, 4 + i]} for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     steps = {"decode": 0}

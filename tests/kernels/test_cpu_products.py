@@ -1,0 +1,214 @@
+"""The CPU kernels' matrix products (``kernels/cpu/quant_linear.cpp``: ``int8_matmul``,
+``int4_matmul``, ``bf16_matmul``) against the twin (``reference/ops/weight_quant.py``:
+dequantize, then multiply in float32), on every instruction-set path this machine has
+(``use_isa``: AVX-512, AVX2, portable C++; a path the CPU lacks runs its best below), with bf16
+and float32 activations, 1 to 17 rows (one row, int8's switch at 4 rows on AVX-512, the 8-row
+tiles full, partial and several) and small edge shapes (one block of 16 outputs, one group).
+
+Tolerances: both sides sum in float32, in different orders.
+- float32 x: each side is within (K + 2) float32 roundings of the exact sum of |x w| (the
+  int8 scale, applied once or to every weight, is one more), so they differ by at most twice
+  that, output by output.
+- bf16 x: each side rounds once to bf16 (at most 2^-8 of the value each); AVX-512's bf16 paths
+  sum larger terms (int4's offset codes 128 + q, int8's 24-bit planes), within 2^-12 of the
+  largest |x| @ |W| of the test.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from pagedllm.kernels.cpu_ops import (
+    ISAS,
+    cpu_extension,
+    cpu_isa,
+    cpu_kernels,
+    pack_bf16,
+    pack_int4,
+    pack_int8,
+    use_isa,
+)
+from pagedllm.optimized.quant_layers import (
+    Int8PackedLinear,
+    PackedBF16Linear,
+    PackedEmbedding,
+    PackedInt4Linear,
+    PackedInt8Linear,
+    pack_linears_for_cpu,
+)
+from pagedllm.reference.model.quantization import QuantizedLinear
+from pagedllm.reference.ops.weight_quant import (
+    INT4_GROUP_SIZES,
+    QuantizedWeight,
+    dequantize_weight,
+    quantize_int4,
+    quantize_int8,
+)
+
+kernels = cpu_kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="the CPU kernels did not build")
+
+ROWS = range(1, 18)
+DTYPES = [torch.bfloat16, torch.float32]
+U = 2.0**-24  # a float32 rounding, relative
+
+
+@pytest.fixture(params=ISAS)
+def path(request):
+    """Runs the test on one instruction-set path: the one asked where the machine has it,
+    else the machine's best (the dispatcher's choice)."""
+    machine = cpu_extension().machine_isa()
+    want = request.param if ISAS.index(request.param) >= ISAS.index(machine) else machine
+    with use_isa(request.param) as taken:
+        assert taken == want == cpu_isa()
+        yield taken
+
+
+@pytest.fixture(params=DTYPES, ids=["bf16", "fp32"])
+def dtype(request):
+    return request.param
+
+
+def check(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """got [M, N] against x @ weight.T in float32 (weight: the twin's float32 weight)."""
+    assert got.dtype == x.dtype and got.shape == (x.shape[0], weight.shape[0])
+    want = x.float() @ weight.T
+    size = x.float().abs() @ weight.abs().T  # [M, N]: sum |x w|, what the roundings scale with
+    if x.dtype == torch.float32:
+        bound = 2 * (x.shape[1] + 3) * U * size
+        assert ((got - want).abs() <= bound).all(), (got - want).abs().max()
+    else:
+        torch.testing.assert_close(got.float(), want, rtol=2**-7,
+                                   atol=2**-12 * size.max().item())
+
+
+def twin_int4(q: QuantizedWeight) -> torch.Tensor:
+    return dequantize_weight(q, torch.float32)
+
+
+# -- each product against the twin ----------------------------------------------------------
+@pytest.mark.parametrize("n,k", [(16, 16), (48, 48), (32, 272)])  # one block; odd counts
+def test_int8_matches_the_twin(path, dtype, n, k):
+    torch.manual_seed(0)
+    q = quantize_int8(torch.randn(n, k) * 0.05)  # float32 scales: a float32 model's
+    packed = pack_int8(q)
+    for rows in ROWS:
+        x = torch.randn(rows, k).to(dtype)
+        check(kernels.int8_matmul(x, *packed), x, dequantize_weight(q, torch.float32))
+
+
+@pytest.mark.parametrize("group_size", INT4_GROUP_SIZES)
+@pytest.mark.parametrize("scales", DTYPES, ids=["bf16-scales", "fp32-scales"])
+def test_int4_matches_the_twin(path, dtype, group_size, scales):
+    torch.manual_seed(0)
+    for n, k in [(16, group_size), (48, 2 * group_size + 256)]:  # one group; several
+        w = (torch.randn(n, k) * 0.05).to(scales)
+        w[3] += 1.0  # a row far from zero: zero points far from 8 s
+        q = quantize_int4(w, group_size)
+        packed, s, z = pack_int4(q)  # scales and zero points in bf16
+        if scales == torch.float32:  # a float32 model's, read as they are (quant_layers.py)
+            layer = PackedInt4Linear(QuantizedLinear(q, None), kernels)
+            s, z = layer.scales, layer.zeros
+            assert s.dtype == z.dtype == torch.float32
+        for rows in ROWS:
+            x = torch.randn(rows, k).to(dtype)
+            check(kernels.int4_matmul(x, packed, s, z, group_size), x, twin_int4(q))
+
+
+@pytest.mark.parametrize("n,k", [(16, 16), (48, 52), (32, 272)])
+def test_bf16_matches_the_twin(path, dtype, n, k):
+    torch.manual_seed(0)
+    w = torch.randn(n, k).bfloat16()
+    packed = pack_bf16(w)
+    for rows in ROWS:
+        x = torch.randn(rows, k).to(dtype)
+        check(kernels.bf16_matmul(x, packed), x, w.float())
+
+
+# -- rows that are not finite ----------------------------------------------------------------
+def _products():
+    torch.manual_seed(0)
+    w = torch.randn(32, 64) * 0.05
+    q8, q4 = quantize_int8(w.bfloat16()), quantize_int4(w.bfloat16(), 32)
+    p8, p4, pb = pack_int8(q8), pack_int4(q4), pack_bf16(w.bfloat16())
+    return {
+        "int8": (lambda x: kernels.int8_matmul(x, *p8), dequantize_weight(q8, torch.float32)),
+        "int4": (lambda x: kernels.int4_matmul(x, *p4, 32), twin_int4(q4)),
+        "bf16": (lambda x: kernels.bf16_matmul(x, pb), w.bfloat16().float()),
+    }
+
+
+@pytest.mark.parametrize("op", ["int8", "int4", "bf16"])
+@pytest.mark.parametrize("rows", [3, 5])  # AVX-512 int8: 24-bit planes (1-3 rows), bf16 (4+)
+def test_nan_and_inf_in_a_row_stay_in_that_row(path, dtype, op, rows):
+    """As the twin: a NaN makes its row NaN, an inf makes every output of its row NaN or inf
+    (inf x 0 is NaN, inf - inf too: which one may differ); the other rows are untouched."""
+    product, weight = _products()[op]
+    x = torch.randn(rows, 64).to(dtype)
+    x[0, 7], x[-1, 9] = float("nan"), float("inf")
+    got, want = product(x), (x.float() @ weight.T).to(dtype)
+    assert got[0].isnan().all() and want[0].isnan().all()
+    assert not got[-1].isfinite().any() and not want[-1].isfinite().any()
+    check(got[1:-1], x[1:-1], weight)
+
+
+# -- what the kernels refuse -----------------------------------------------------------------
+def test_shapes_and_dtypes_the_kernels_do_not_take_are_refused():
+    torch.manual_seed(0)
+    odd = quantize_int8(torch.randn(16, 24))  # 24 inputs: not a multiple of 16
+    with pytest.raises(RuntimeError, match="inputs a multiple of 16"):
+        kernels.int8_matmul(torch.randn(1, 24), *pack_int8(odd))
+    q8 = pack_int8(quantize_int8(torch.randn(16, 64)))
+    with pytest.raises(RuntimeError, match="x has 32 inputs; the weight takes 64"):
+        kernels.int8_matmul(torch.randn(1, 32), *q8)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        kernels.int8_matmul(torch.randn(1, 64).half(), *q8)
+    q4 = pack_int4(quantize_int4(torch.randn(16, 64), 32))
+    with pytest.raises(RuntimeError, match="pack_int4"):
+        kernels.int4_matmul(torch.randn(1, 64), *q4, 48)  # a group that does not divide K
+    with pytest.raises(RuntimeError, match="pack_bf16"):
+        kernels.bf16_matmul(torch.randn(1, 64), pack_bf16(torch.randn(16, 64)))  # float32
+
+
+class _Model(nn.Module):
+    """What pack_linears_for_cpu reads: model.model.embed_tokens, model.lm_head, layers."""
+
+    def __init__(self, dtype, tied=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(64, 32).to(dtype)
+        self.model.int8 = QuantizedLinear(quantize_int8(torch.randn(48, 32).to(dtype)), None)
+        self.model.int4 = QuantizedLinear(quantize_int4(torch.randn(32, 64).to(dtype), 32),
+                                          torch.randn(32).to(dtype))
+        self.model.odd = QuantizedLinear(quantize_int8(torch.randn(20, 32).to(dtype)), None)
+        self.model.dense = nn.Linear(32, 32).to(dtype)
+        self.lm_head = nn.Linear(32, 64, bias=False).to(dtype)
+        if tied:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp32"])
+def test_pack_linears_uses_our_kernels_for_bf16_and_float32_models(dtype):
+    model = _Model(dtype, tied=True)
+    x = torch.randn(2, 3, 32).to(dtype)  # [batch, tokens, in]: leading dims kept
+    x64 = torch.randn(5, 64).to(dtype)
+    want = {name: getattr(model.model, name)(x if name != "int4" else x64)
+            for name in ("int8", "int4", "odd", "dense")}
+    pack_linears_for_cpu(model, dtype)
+    m = model.model
+    assert isinstance(m.int8, PackedInt8Linear) and isinstance(m.int4, PackedInt4Linear)
+    # 20 outputs: not packable. A bf16 model takes torch's int8 kernel, float32 the twin.
+    assert isinstance(m.odd, Int8PackedLinear if dtype == torch.bfloat16 else QuantizedLinear)
+    if dtype == torch.bfloat16:  # bf16 weights on our kernel; the tied head's table shared
+        assert isinstance(m.dense, PackedBF16Linear) and isinstance(model.lm_head,
+                                                                    PackedBF16Linear)
+        assert isinstance(m.embed_tokens, PackedEmbedding)
+    else:  # float32 weights stay F.linear (BLAS)
+        assert type(m.dense) is nn.Linear and type(model.lm_head) is nn.Linear
+        assert m.int4.scales.dtype == torch.float32  # the twin's float32 scales, as they are
+    rtol = 2**-7 if dtype == torch.bfloat16 else 1e-5
+    for name in ("int8", "int4", "odd", "dense"):
+        got = getattr(m, name)(x if name != "int4" else x64)
+        assert got.shape == want[name].shape and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want[name].float(), rtol=rtol, atol=rtol)
