@@ -148,7 +148,8 @@ def _describe_cpu(dtype: torch.dtype) -> dict[str, str]:
             "rms_norm": f"{kernel}; kernels/cpu/rms_norm.cpp",
             "store_kv": f"{kernel}; kernels/cpu/store_kv.cpp",
             "rotary": f"{kernel}; kernels/cpu/rotary.cpp, cos/sin once per step",
-            "paged_attention": f"decodes: {kernel}; kernels/cpu/paged_attention.cpp. Prompts, "
+            "paged_attention": f"decodes with head_dim 32 or 64: {kernel}; "
+                               f"kernels/cpu/paged_attention.cpp. Other head sizes, prompts, "
                                f"chunks and quantized caches: {planned}",
             **_cpu_common(dtype, isa),
             "whole_step": "the decode step's layers in one C++ call "

@@ -5,7 +5,7 @@ int8 weights the products read 163 MB, about 6 ms at this machine's 27 GB/s; the
 14 ms, and after the products, the attention and the small kernels what was left was host
 work: about ten Python-level operators a layer (module calls, views, splits, each dispatched
 from Python at a microsecond or more), about 4.5 ms a step. A GPU runner hides that by
-replaying a recorded graph; a CPU has no graph to replay, so ``csrc/decode_step.cpp`` holds
+replaying a recorded graph; a CPU has no graph to replay, so ``kernels/cpu/decode_step.cpp`` holds
 the layers' weights and strings the same kernels together itself: the same operators, in the
 same order, on the same tensors, with the GIL released while it runs. The embedding before
 the layers and the logits after them stay the model's own code.

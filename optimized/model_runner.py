@@ -62,15 +62,30 @@ class ModelRunner(ReferenceModelRunner):
         self.seq_lens = buffer(sc.max_num_seqs, dtype=torch.int32)  # [B_max]
         self.query_start_loc = buffer(sc.max_num_seqs + 1, dtype=torch.int32)  # [B_max + 1]
         # --8<-- [end:buffers]
-        self.attention: type[PagedAttention] = self.backend.attention_context or PagedAttention
+        # A backend handed in (a wrapper, a timer, a failing op) runs its ops as given, with
+        # the reference's context (host lengths) and no whole step: a graph would capture
+        # the swapped op, the C++ stack would skip it.
+        own = self.backend is select_backend(self.device)
+        context = self.backend.attention_context if own else None
+        self.attention: type[PagedAttention] = context or PagedAttention
         # A CUDA graph, or the CPU's decode step in one call: off with enforce_eager, and
         # for a tensor-parallel forward, whose all-reduces neither can hold.
-        self.whole_step = None if config.enforce_eager or config.tensor_parallel_size > 1 \
-            or self.backend.whole_step is None else self.backend.whole_step(self)
+        self.whole_step = None if not own or config.enforce_eager \
+            or config.tensor_parallel_size > 1 or self.backend.whole_step is None \
+            else self.backend.whole_step(self)
 
     def kernels(self) -> dict[str, str]:
         """What computes each op of a step on this machine, and why (``backend.describe``)."""
-        return describe(self.backend, self.config.dtype)
+        if self.backend is not select_backend(self.device):
+            return {"every op": f"backend {self.backend.name!r} as the engine was handed it "
+                                f"(EngineArgs.backend), with the reference's attention "
+                                f"context and no whole step"}
+        report = describe(self.backend, self.config.dtype)
+        if self.whole_step is None:
+            report["whole_step"] = ("none for this engine (enforce_eager, tensor parallelism, "
+                                    "or a model the slot does not run): every step runs the "
+                                    "modules")
+        return report
 
     def profile_num_blocks(self) -> int:
         sc = self.config.scheduler_config

@@ -51,7 +51,7 @@ class ModelRunner:
 
     def kernels(self) -> dict[str, str]:
         """What computes each op of a step, and why (``LLM.kernels()``)."""
-        if self.backend.name == "reference":
+        if self.backend is REFERENCE_BACKEND:
             return {"every op": "its torch definition in reference/ops (the reference tier: "
                                 "readable, and the twin every kernel is tested against)"}
         return {"every op": f"backend {self.backend.name!r} as the engine was handed it"}
