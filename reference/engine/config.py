@@ -11,6 +11,7 @@ A wrong type is a TypeError, a value out of range a ValueError; each names the f
 ``.field`` of ``FieldValueError`` / ``FieldTypeError``) and says what would be right.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,7 +280,10 @@ def _dtype_name(dtype) -> str:
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX; read from Linux's
     /proc/cpuinfo). Elsewhere (AVX2 only, most laptops; another OS) bf16 is emulated: each
-    value widened to float32 in software, slower than float32 itself."""
+    value widened to float32 in software, slower than float32 itself. PAGEDLLM_CPU_ISA=avx2
+    (or scalar) runs this machine as a CPU without it (kernels/cpu_ops.py)."""
+    if os.environ.get("PAGEDLLM_CPU_ISA") in ("avx2", "scalar"):
+        return False
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
