@@ -1,7 +1,8 @@
 """A solution to lesson 14's exercise: the graph size of a decode step, and its padding.
 
 The same rules as ``CudaGraphs.__call__`` and ``ModelRunner.load`` in
-optimized/cuda_graphs.py and optimized/model_runner.py, on Python lists instead of the runner's persistent buffers.
+optimized/cuda_graphs.py and optimized/model_runner.py, on Python lists instead of the
+runner's persistent buffers.
 """
 
 
