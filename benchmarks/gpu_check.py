@@ -359,6 +359,7 @@ def decode_probe(ckpt: Path, setup: dict, enforce_eager: bool) -> dict:
     tokens, all prefilled, then `steps` decode steps (after warm-up steps that capture the
     graph); then the forward alone on the last step's inputs."""
     from pagedllm.optimized import LLM
+    from pagedllm.optimized.cuda_graphs import CudaGraphs
     from pagedllm.reference import SamplingParams
     from pagedllm.reference.model.config import load_config
 
@@ -407,7 +408,8 @@ def decode_probe(ckpt: Path, setup: dict, enforce_eager: bool) -> dict:
             "weight_bytes": checkpoint_weight_bytes(ckpt),
             "kv_bytes": context_tokens * kv_per_token, "step_s": step_s,
             "forward_s": forward_s, "enforce_eager": enforce_eager,
-            "graphs": sorted(runner.graphs)}
+            "graphs": sorted(runner.whole_step.graphs)
+            if isinstance(runner.whole_step, CudaGraphs) else []}
 
 
 def decode_worker(args) -> dict:

@@ -38,7 +38,9 @@ fours), so that one 512-bit register holds 16 outputs x 2 inputs (32 bf16), the 
 """
 
 import contextlib
+import fcntl
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -61,20 +63,59 @@ _cap = "avx512"
 
 
 @functools.cache
+def _extension_name() -> str:
+    """The module's name, keyed by the sources' bytes: two checkouts (or an old one) with other
+    sources build beside each other instead of rebuilding one cached module in turn."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(SOURCE_DIR)):
+        if name.endswith((".cpp", ".h")):
+            with open(os.path.join(SOURCE_DIR, name), "rb") as f:
+                digest.update(name.encode() + f.read())
+    return f"pagedllm_cpu_ops_{digest.hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def _build_lock(built: str):
+    """One builder at a time, and no wait on a dead one. torch's builder marks a build with a
+    ``lock`` file and waits, without limit, for it to go; a builder killed mid-build (a Ctrl-C, a
+    test's timeout) leaves it behind and every later process would hang. An OS lock is released
+    when its process dies, so whoever holds it knows a ``lock`` file left there is stale."""
+    os.makedirs(os.path.dirname(built), exist_ok=True)
+    with open(built + ".build-lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = os.path.join(built, "lock")
+            if os.path.exists(stale):
+                log.warning("pagedllm: removing %s, left by a build that did not finish", stale)
+                os.remove(stale)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_directory() -> str:
+    """Where torch's extension builder keeps the built kernels of these sources
+    (``TORCH_EXTENSIONS_DIR`` moves it)."""
+    from torch.utils.cpp_extension import get_default_build_root
+    device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    version = f"py{sys.version_info.major}{sys.version_info.minor}"  # torch's folder
+    return os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(),
+                        f"{version}{getattr(sys, 'abiflags', '')}_{device}", _extension_name())
+
+
+@functools.cache
 def _build():
     """(the built module, None) or (None, why it could not be built)."""
     try:
-        from torch.utils.cpp_extension import get_default_build_root, load
-        device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-        version = f"py{sys.version_info.major}{sys.version_info.minor}"  # torch's folder
-        built = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(),
-                             f"{version}{getattr(sys, 'abiflags', '')}_{device}",
-                             "pagedllm_cpu_ops")
+        from torch.utils.cpp_extension import load
+        built = build_directory()
+        name = os.path.basename(built)
         if not os.path.isdir(built):  # say why the first use waits
             log.warning("pagedllm: building the CPU kernels (first use: a minute or two on two "
                         "cores, then cached under %s)", built)
-        module = load("pagedllm_cpu_ops", SOURCES, extra_cflags=["-O3"],
-                      extra_include_paths=[SOURCE_DIR], verbose=False)
+        with _build_lock(built):
+            module = load(name, SOURCES, extra_cflags=["-O3"],
+                          extra_include_paths=[SOURCE_DIR], verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels instead
         first = str(e).splitlines()[0] if str(e) else ""
         reason = f"the CPU kernels did not build ({type(e).__name__}: {first})"

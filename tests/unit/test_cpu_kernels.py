@@ -217,3 +217,27 @@ def test_the_rotary_wrapper_is_rotate_half(dtype):
     if rotated is not None:
         assert torch.equal(rotated[0], rotate_half(q, cos, sin))
         assert torch.equal(rotated[1], rotate_half(k, cos, sin))
+
+
+def test_a_build_that_died_mid_way_does_not_hang_the_next_process(tmp_path):
+    """torch's builder leaves a ``lock`` file where a builder was killed, and later processes
+    would wait on it for ever; the next process removes it and loads (the built module is
+    copied, so nothing compiles here)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from pagedllm.kernels.cpu_ops import build_directory
+    built = build_directory()
+    moved = tmp_path / os.path.relpath(built, os.path.dirname(os.path.dirname(built)))
+    shutil.copytree(built, moved)
+    (moved / "lock").write_text("")
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    code = "from pagedllm.kernels.cpu_ops import cpu_kernels_status as s; print(s())"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "path (this CPU runs up to" in run.stdout
+    assert "left by a build that did not finish" in run.stderr
+    assert not (moved / "lock").exists()
