@@ -480,19 +480,21 @@ def _real_small_op_shapes():
 
 
 def _quant_linear_shapes(full: bool):
-    """The weight-only products: int8 and int4 in each group size, a decode's few rows and a
+    """The weight-only products: int8, fp8 (e4m3 bytes widened in registers: sm_80 has no
+    e4m3 type) and int4 in each group size, a decode's few rows and a
     prefill's many, with and without a bias, in each activation dtype (full) or in bf16 with one
     launch of each other dtype (ci). The tile sizes do not depend on N and K, so small weights
     give the launches of real ones."""
     import torch
 
     from pagedllm.kernels.quant_linear import quant_linear
-    from pagedllm.reference.ops.weight_quant import quantize_int4, quantize_int8
+    from pagedllm.reference.ops.weight_quant import quantize_fp8, quantize_int4, quantize_int8
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         w = (torch.randn(64, 256) * 0.05).to(dtype)
-        schemes = [quantize_int8(w), *(quantize_int4(w, g) for g in (32, 64, 128, 256))]
+        schemes = [quantize_int8(w), quantize_fp8(w),
+                   *(quantize_int4(w, g) for g in (32, 64, 128, 256))]
         if not full and dtype != torch.bfloat16:
-            schemes = schemes[:2]  # int8 and int4 in one group size
+            schemes = schemes[:3]  # int8, fp8 and int4 in one group size
         for qw in schemes:
             for rows in (3, 40):
                 quant_linear(torch.randn(rows, 256).to(dtype), qw)

@@ -11,7 +11,12 @@ Endpoints (OpenAI's shapes, so the official ``openai`` client works unchanged):
   server-sent events ending in ``data: [DONE]``;
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus, ``pagedllm:`` names);
 - ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info`` (vLLM's shapes:
-  ``tokenization``).
+  ``tokenization``);
+- ``POST /generate``: the body and answer of vLLM's demo server
+  (``python -m vllm.entrypoints.api_server``; ``demo_api``), for the scripts written for it.
+
+Each request is logged at INFO (its id, prompt length and sampling parameters) unless the
+server was started with ``--disable-log-requests``, as vLLM logs them.
 
 The path of one request, one module per job. The gate (``gate``) refuses a missing API key
 (401) or a body over the limit (413) before any route runs. The route reads the body and maps
@@ -28,6 +33,7 @@ this module imports none of that, so the app can be built around any engine.
 """
 
 import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -39,6 +45,7 @@ from pagedllm.reference.engine.sampling_params import SamplingParams
 
 from .args import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_TIMEOUT
 from .async_engine import ServingEngine
+from .demo_api import DemoRun, demo_request
 from .gate import Gate, read_json
 from .loader import load_llm
 from .protocol import APIError, new_id, now
@@ -51,16 +58,21 @@ from .tokenization import Tokenization
 # the tests and notebooks that import them from here keep working.
 __all__ = ["build_app", "EngineResponse", "ServerThread", "load_llm"]
 
+logger = logging.getLogger("pagedllm.serving")
+
 
 def build_app(engine: ServingEngine, served_model_name: str = "pagedllm", *,
               root: str | None = None, api_key: str | None = None,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-              request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT) -> Gate:
+              request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+              log_requests: bool = False) -> Gate:
     """The server around ``engine``: an ``AsyncLLMEngine`` over an engine client, or the
     ``DataParallelEngine`` routing to one per replica, built with the server's
     ``ServerMetrics``; the app starts and stops it. ``app.state.engine`` is it,
     ``app.state.metrics`` its (engine 0's) metrics. ``root``: the model's folder, as
-    ``/v1/models`` reports it (the served name if not given)."""
+    ``/v1/models`` reports it (the served name if not given). ``log_requests``: each
+    request's id, prompt length and sampling parameters at INFO on the ``pagedllm.serving``
+    logger (``pagedllm serve`` turns it on unless ``--disable-log-requests``)."""
     metrics = engine.metrics
     if metrics is None:
         raise ValueError("build_app serves /metrics: build the engine with a ServerMetrics, "
@@ -107,7 +119,7 @@ def build_app(engine: ServingEngine, served_model_name: str = "pagedllm", *,
     async def answer(req: EngineRequest) -> EngineResponse:
         response_id = new_id("chatcmpl" if req.chat else "cmpl")
         ids, outputs = await _submit(engine, req.prompts, req.params, req.prompt_field,
-                                     response_id)
+                                     response_id, log_requests)
         run = RequestRun(ids, outputs, req.params, response_id, served_model_name,
                          engine.tokenizer, chat=req.chat, logprobs=req.logprobs,
                          include_usage=req.include_usage, echo=req.echo,
@@ -135,11 +147,24 @@ def build_app(engine: ServingEngine, served_model_name: str = "pagedllm", *,
     async def tokenizer_info():
         return tokenization.tokenizer_info()
 
+    @app.post("/generate")
+    async def generate(request: Request):
+        """vLLM's demo server: {"prompt", "stream", sampling fields} -> {"text": [prompt +
+        completion, ...]}; a stream sends that object, the text so far, after every step."""
+        req = demo_request(await read_json(request))
+        response_id = new_id("generate")
+        ids, outputs = await _submit(engine, req.prompts, req.params, "prompt", response_id,
+                                     log_requests)
+        run = DemoRun(ids, outputs, req.params, response_id, served_model_name,
+                      engine.tokenizer, chat=False, logprobs=None, include_usage=False)
+        return EngineResponse(engine, run, stream=req.stream, timeout=request_timeout)
+
     return Gate(app, api_key, max_request_bytes)
 
 
 async def _submit(engine: ServingEngine, prompts: list, params: SamplingParams,
-                  prompt_field: str, base_id: str) -> tuple[list[str], asyncio.Queue]:
+                  prompt_field: str, base_id: str,
+                  log_requests: bool = False) -> tuple[list[str], asyncio.Queue]:
     """Add every prompt of the request; all their outputs arrive on one queue. A refused
     prompt refuses the whole request (the ones already added are aborted)."""
     outputs: asyncio.Queue = asyncio.Queue()
@@ -148,6 +173,9 @@ async def _submit(engine: ServingEngine, prompts: list, params: SamplingParams,
     try:
         for i, prompt in enumerate(prompts):
             request_id = f"{base_id}-{i}"
+            if log_requests:
+                logger.info("Received request %s: prompt length %s, params: %s", request_id,
+                            _prompt_length(engine, prompt), params)
             await engine.add_request(request_id, prompt, params, arrival, outputs)
             ids.append(request_id)
     except RuntimeError as err:  # the engine thread is not running
@@ -163,3 +191,13 @@ async def _submit(engine: ServingEngine, prompts: list, params: SamplingParams,
             engine.abort(request_id)
         raise
     return ids, outputs
+
+
+def _prompt_length(engine: ServingEngine, prompt) -> str:
+    """A prompt's length for the request log: its token count (as the engine will count
+    it), or its characters where no tokenizer is at hand."""
+    if isinstance(prompt, dict):
+        return f"{len(prompt['prompt_token_ids'])} tokens"
+    if engine.tokenizer is None:
+        return f"{len(prompt)} characters"
+    return f"{len(engine.tokenizer(prompt)['input_ids'])} tokens"

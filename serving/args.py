@@ -9,11 +9,16 @@ DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_HELP = ("auto (the default): the checkpoint's dtype on CUDA (bfloat16 for SmolLM2 and the "
               "Llama family), float32 on the CPU")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "float16", "fp16",
+                   "bfloat16", "bf16")
 KV_CACHE_DTYPE_HELP = ("how the KV cache stores keys and values: auto (the model's dtype), fp8 "
                        "(= fp8_e4m3) or fp8_e5m2 with a per-tensor scale per layer, int8 or "
                        "int4 with a scale per token and KV head (about 2x and 4x the tokens of "
-                       "a bf16 cache)")
+                       "a bf16 cache), or a 16-bit dtype (float16/fp16, bfloat16/bf16): the "
+                       "model's own is auto, another a cache rounded to it")
+FLASH_ATTN_NOTE = ("--enable-flash-attn: no vLLM release takes this flag, and pagedllm needs "
+                   "none: attention already runs in the fused, tiled kernel (online softmax, "
+                   "FlashAttention's algorithm) on every path; ignored")
 
 
 def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +29,11 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8: set the per-tensor scales from the first batch instead of "
                         "1.0 (values beyond fp8's range would be clipped)")
-    parser.add_argument("--quantization", "-q", choices=("int8", "int4", "gguf"), default=None,
+    parser.add_argument("--quantization", "-q", choices=("int8", "int4", "fp8", "gguf"),
+                        default=None,
                         help="quantize the linear layers' weights at load: int8 (a scale per "
-                        "output channel), int4 (a scale and zero point per group of inputs) or "
+                        "output channel), fp8 (e4m3, a scale per output channel), int4 (a "
+                        "scale and zero point per group of inputs) or "
                         "gguf "
                         "(a .gguf model's own Q4_0/Q4_1 blocks, not expanded); with --dtype "
                         "auto the model then runs in bfloat16")
@@ -40,6 +47,14 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                         help="ranks splitting every layer, each a process with its shard and "
                         "its KV heads (gloo on the CPU, NCCL with one GPU per rank)")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help='speculative decoding (vLLM\'s shape): \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                        '"prompt_lookup_min": 2}\' or \'{"model": DRAFT, '
+                        '"num_speculative_tokens": 4}\'; never changes a token')
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                        help="vLLM's flag; 1 only: layers are split across GPUs by "
+                        "--tensor-parallel-size, never into pipeline stages")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,5 +109,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="larger request bodies get 413")
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
                         help="seconds before a request is aborted (0: no limit)")
+    parser.add_argument("--disable-log-requests", action="store_true",
+                        help="do not log each request (its id, prompt length and sampling "
+                        "parameters, at INFO), as vLLM's flag")
+    parser.add_argument("--enable-flash-attn", action="store_true",
+                        help="taken from older command lines and ignored: attention always "
+                        "runs in the fused, tiled kernel")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug", "trace"))

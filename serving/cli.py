@@ -136,7 +136,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   quantization=args.quantization,
                   quantization_group_size=args.quantization_group_size,
                   quantization_skip=tuple(args.quantization_skip),
-                  tensor_parallel_size=args.tensor_parallel_size)
+                  tensor_parallel_size=args.tensor_parallel_size,
+                  pipeline_parallel_size=args.pipeline_parallel_size,
+                  speculative_config=args.speculative_config)
     except ValueError as err:
         raise _flagged(err, args) from err
     if args.chat is not None:  # one user message through the checkpoint's chat template

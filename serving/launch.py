@@ -8,8 +8,11 @@ banner names the real port, and ``--port 0`` works) and runs uvicorn on it.
 """
 
 import argparse
+import logging
+import sys
 
 from .api_server import build_app
+from .args import FLASH_ATTN_NOTE
 from .async_engine import AsyncLLMEngine
 from .data_parallel import DataParallelEngine, DataParallelLLM
 from .loader import load_llm
@@ -30,6 +33,9 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--request-timeout must be >= 0 seconds, got {args.request_timeout}")
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    if args.enable_flash_attn:
+        print(f"pagedllm: {FLASH_ATTN_NOTE}", file=sys.stderr, flush=True)
+    _log_to_stderr()
     name = served_name(args)
     metrics = ServerMetrics(name)
     replicated = args.data_parallel_size != 1
@@ -40,7 +46,8 @@ def serve(args: argparse.Namespace) -> int:
                   else AsyncLLMEngine(llm.engine, metrics))
         app = build_app(engine, name, root=str(llm.model_dir), api_key=args.api_key,
                         max_request_bytes=args.max_request_bytes,
-                        request_timeout=args.request_timeout or None)
+                        request_timeout=args.request_timeout or None,
+                        log_requests=not args.disable_log_requests)
         sock = bind(args.host, args.port)  # bound before the banner, so the port is known
         host, port = sock.getsockname()[:2]
         stats = llm.stats()
@@ -53,3 +60,14 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         llm.shutdown()  # a tensor-parallel engine's worker ranks end with the server
     return 0
+
+
+def _log_to_stderr() -> None:
+    """The server's own INFO lines (each request, unless --disable-log-requests; what a flag
+    was taken as) on stderr beside uvicorn's, once per process."""
+    logger = logging.getLogger("pagedllm.serving")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -3,6 +3,9 @@ each data-parallel replica's (``data_parallel``). A module of its own so that a 
 it without the server's modules (the app, the launcher)."""
 
 import argparse
+import logging
+
+logger = logging.getLogger("pagedllm.serving")
 
 
 def load_llm(args: argparse.Namespace):
@@ -34,9 +37,30 @@ def load_llm(args: argparse.Namespace):
                    quantization_group_size=args.quantization_group_size,
                    quantization_skip=tuple(args.quantization_skip),
                    tensor_parallel_size=args.tensor_parallel_size,
-                   max_logprobs=args.max_logprobs)
+                   pipeline_parallel_size=args.pipeline_parallel_size,
+                   max_logprobs=args.max_logprobs,
+                   speculative_config=args.speculative_config)
+    if args.tier == "reference":
+        options.update(_reference_tier(options, device))
     if args.tier == "optimized":
         from pagedllm.optimized import LLM
     else:
         from pagedllm.reference.engine.llm import LLM
     return LLM(model, **options)
+
+
+def _reference_tier(options: dict, device: str) -> dict:
+    """The optimized tier's flags that a command line for vLLM carries and the reference tier
+    has nothing to do for: --enforce-eager (the reference never captures a graph: it is
+    eager already) and, off CUDA, --gpu-memory-utilization (no GPU to profile: the optimized
+    tier on a CPU sizes its pool from --kv-cache-memory-bytes too). Taken as met, and said;
+    on CUDA the engine refuses --gpu-memory-utilization, which the reference cannot honour."""
+    met = {}
+    if options["enforce_eager"]:
+        met["enforce_eager"] = False
+        logger.info("--enforce-eager: the reference tier always runs eagerly")
+    if options["gpu_memory_utilization"] is not None and not str(device).startswith("cuda"):
+        met["gpu_memory_utilization"] = None
+        logger.info("--gpu-memory-utilization: no GPU to profile on %s; the KV pool is "
+                    "--kv-cache-memory-bytes (default 256 MiB)", device)
+    return met

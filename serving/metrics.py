@@ -25,6 +25,10 @@ Counters (exposed with ``_total``):
   prefix cache at prefill (found there + computed) and found there (vLLM V1's pair; their
   ratio is the hit rate);
 - ``pagedllm:request_success{finished_reason="stop"|"length"|"abort"|"error"}``: requests ended.
+- ``pagedllm:spec_decode_num_drafts`` / ``pagedllm:spec_decode_num_draft_tokens`` /
+  ``pagedllm:spec_decode_num_accepted_tokens`` / ``pagedllm:spec_decode_num_accepted_tokens_per_pos
+  {position}``: speculative decoding's verification runs, tokens proposed and accepted (vLLM's
+  ``vllm:spec_decode_*``; acceptance rate = accepted / draft tokens).
 
 Histograms (seconds unless said):
 
@@ -67,6 +71,13 @@ FAMILIES = {
     "generation_tokens": ("counter", "Tokens generated.", None),
     "prefix_cache_queries": ("counter", "Prompt tokens looked up in the prefix cache.", None),
     "prefix_cache_hits": ("counter", "Prompt tokens found in the prefix cache.", None),
+    # speculative decoding (vLLM's vllm:spec_decode_* names); zero without speculation
+    "spec_decode_num_drafts": ("counter", "Verification runs: a sequence's proposals checked "
+                               "in one step.", None),
+    "spec_decode_num_draft_tokens": ("counter", "Tokens proposed.", None),
+    "spec_decode_num_accepted_tokens": ("counter", "Proposed tokens accepted.", None),
+    "spec_decode_num_accepted_tokens_per_pos": ("counter", "Proposed tokens accepted, by "
+                                                "position in the run.", "position"),
     "request_success": ("counter", "Requests finished, by finish reason.", "finished_reason"),
     "time_to_first_token_seconds": ("histogram", "Arrival to first token.", TTFT_BUCKETS),
     "time_per_output_token_seconds": ("histogram", "Time between a request's token-producing "
@@ -132,10 +143,30 @@ class ServerMetrics:
         self._last = {"preemptions_recompute": 0, "preemptions_swap": 0,
                       "prefix_cache_hit_tokens": 0, "prefill_tokens": 0}
         self._queried = self._hit = 0
+        self.spec = {name: child(name) for name in ("spec_decode_num_drafts",
+                                                    "spec_decode_num_draft_tokens",
+                                                    "spec_decode_num_accepted_tokens")}
+        self.spec_per_pos: list = []  # by position, made as positions appear
+        self._ids = ids
 
     def for_engine(self, engine: int) -> "ServerMetrics":
         """Engine ``engine``'s metrics, in this registry."""
         return ServerMetrics(self.model_name, self.registry, engine, self.families)
+
+    def _update_spec_decode(self, stats: dict) -> None:
+        """Speculative decoding's counters, moved by what changed (absent: no speculation)."""
+        for name, counter in self.spec.items():
+            if name in stats:
+                counter.inc(stats[name] - self._last.get(name, 0))
+                self._last[name] = stats[name]
+        per_pos = stats.get("spec_decode_num_accepted_tokens_per_pos", [])
+        family = self.families["spec_decode_num_accepted_tokens_per_pos"]
+        while len(self.spec_per_pos) < len(per_pos):
+            self.spec_per_pos.append(family.labels(*self._ids, str(len(self.spec_per_pos))))
+        for j, value in enumerate(per_pos):
+            key = f"spec_decode_per_pos_{j}"
+            self.spec_per_pos[j].inc(value - self._last.get(key, 0))
+            self._last[key] = value
 
     def update_from_stats(self, stats: dict) -> None:
         """Gauges take the engine's numbers; counters move by what changed since last time."""
@@ -150,6 +181,7 @@ class ServerMetrics:
             key = f"preemptions_{mode}"
             self.preemptions[mode].inc(stats[key] - self._last[key])
             self._last[key] = stats[key]
+        self._update_spec_decode(stats)
         if "prefix_cache_hit_tokens" in stats:
             # Every token a prefill needs is either found in the cache (a hit) or computed (a
             # prefill token): queries = hits + prefill tokens. Recomputing a preempted request

@@ -31,6 +31,9 @@ from .protocol import APIError, error_body, now, usage
 class RequestRun:
     """Reads the outputs of a request's engine requests and shapes them as OpenAI does."""
 
+    STREAM_TYPE = b"text/event-stream; charset=utf-8"  # a stream's content type
+    STREAM_END = b"data: [DONE]\n\n"  # and its last bytes
+
     def __init__(self, ids: list[str], outputs: asyncio.Queue, params: SamplingParams,
                  response_id: str, model_name: str, tokenizer, *, chat: bool,
                  logprobs: int | None, include_usage: bool, echo: bool = False,
@@ -237,6 +240,10 @@ class RequestRun:
             chunks.append(self._chunk([choice]))
         return chunks
 
+    def error_event(self, body: dict) -> bytes:
+        """An error after the stream's 200 went out: its last event."""
+        return _event(body)
+
     def last_events(self) -> list[bytes]:
         if not self.include_usage:
             return []
@@ -324,7 +331,7 @@ class EngineResponse(Response):
             return
         self.status = 200
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                    "headers": [(b"content-type", run.STREAM_TYPE),
                                 (b"cache-control", b"no-cache")]})
 
         async def emit(chunks: list[bytes]) -> None:
@@ -339,12 +346,12 @@ class EngineResponse(Response):
                 await emit(run.events(out))
             await emit(run.last_events())
         except TimeoutError:
-            await emit([_event(self._timed_out())])
+            await emit([run.error_event(self._timed_out())])
         except EngineStepError as err:
-            await emit([_event(error_body(500, str(err)))])
+            await emit([run.error_event(error_body(500, str(err)))])
         except APIError as err:
-            await emit([_event(err.body())])
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+            await emit([run.error_event(err.body())])
+        await send({"type": "http.response.body", "body": run.STREAM_END,
                     "more_body": False})
 
 

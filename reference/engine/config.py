@@ -12,7 +12,7 @@ A wrong type is a TypeError, a value out of range a ValueError; each names the f
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from ..model.registry import FLOAT_DTYPES, MODELS, find_gguf
 from ..model.tensor_parallel import attention_heads, check_tensor_parallel_size
 from ..ops import KV_CACHE_DTYPES, REFERENCE_BACKEND, Backend, KVCacheFormat, kv_cache_format
 from ..ops.weight_quant import INT4_GROUP_SIZES, WEIGHT_QUANTIZATIONS
+from ..spec_decode.config import SpeculativeConfig, check_speculative_config
 from .model_runner import ModelRunner
 from .scheduler import SchedulerConfig
 from .validation import (
@@ -81,7 +82,10 @@ class EngineArgs:
     # full module name or a run of its dot-separated parts (model/quantization.py:skip_matches)
     quantization_skip: tuple[str, ...] | None = ()
     tensor_parallel_size: int = 1  # ranks splitting every layer (torch.distributed workers)
+    pipeline_parallel_size: int = 1  # vLLM's flag; only 1: layers are split by tensor parallelism
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for; -1: no cap
+    # speculative decoding (spec_decode/config.py): {"method": "ngram", ...} or {"model": ...}
+    speculative_config: dict | str | SpeculativeConfig | None = None
 # --8<-- [end:engine_args]
 
     def create_engine_config(self) -> "EngineConfig":
@@ -115,6 +119,7 @@ class EngineConfig:
     quantization_skip: tuple[str, ...] = ()
     tensor_parallel_size: int = 1
     max_logprobs: int = 20  # -1: no cap but the vocabulary (request_checks.py)
+    speculative_config: SpeculativeConfig | None = None  # checked; a draft's folder resolved
 
     # The scheduler's budgets, read where the engine's config is read (engine.config.X).
     @property
@@ -172,8 +177,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if dtype_name == "auto" and args.quantization is not None:
         dtype_name = auto_quantized_dtype(device)
     _check_tier_options(args, runner)
+    spec = _check_speculation(args)
     check_int("block_size", args.block_size, low=1)
     _check_tensor_parallel(args, device)
+    _check_pipeline_parallel(args)
     check_int("swap_space_blocks", args.swap_space_blocks, low=0)
     check_float("swap_space", args.swap_space, 0.0)
     if args.swap_space and args.swap_space_blocks:
@@ -203,11 +210,13 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     model_dir = Path(model_dir)
     if dtype_name == "auto":
         dtype_name = auto_dtype(device, cfg.dtype)
+    kv_format = _sixteen_bit_cache(kv_format, dtype_name)
     if args.quantization == "gguf" and converted_from(model_dir) is None:
         raise FieldValueError("quantization", f"quantization 'gguf' serves a GGUF file's own "
                               f"blocks; {args.model} is not a .gguf model: give a .gguf file "
                               "or a name such as smollm2-135m-instruct, or use 'int8' / 'int4'")
     _check_skip_names(quant_skip, cfg)
+    spec = _check_draft(spec, cfg, dtype_name)
     if kv_format.values_per_byte == 2 and cfg.head_dim % 2:
         raise FieldValueError("kv_cache_dtype", f"kv_cache_dtype 'int4' packs two values per "
                               f"byte, half of head_dim into each nibble; this model's head_dim "
@@ -264,8 +273,47 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         kv_cache_dtype=kv_format.name, calculate_kv_scales=args.calculate_kv_scales,
         quantization=args.quantization, quantization_group_size=args.quantization_group_size,
         quantization_skip=quant_skip, tensor_parallel_size=args.tensor_parallel_size,
-        max_logprobs=args.max_logprobs)
+        max_logprobs=args.max_logprobs, speculative_config=spec)
 # --8<-- [end:create_engine_config]
+
+
+def _check_speculation(args: EngineArgs) -> SpeculativeConfig | None:
+    """speculative_config's keys, and the options it cannot run with (refused by name)."""
+    spec = check_speculative_config(args.speculative_config)
+    if spec is None:
+        return None
+    if args.batching == "static":
+        raise FieldValueError("speculative_config", "speculative_config needs continuous "
+                              "batching: a static batch pads every member to the same step, "
+                              "so a verification run of k + 1 tokens has no place in it")
+    if args.kv_layout != "paged":
+        raise FieldValueError("speculative_config", "speculative_config books slots for "
+                              "proposals and gives the rejected ones back: it needs "
+                              "kv_layout='paged' (a contiguous slab is reserved whole)")
+    if spec.method == "draft_model" and args.tensor_parallel_size > 1:
+        raise FieldValueError("speculative_config", "a draft model runs on one rank; use "
+                              "method 'ngram' with tensor_parallel_size > 1")
+    return spec
+
+
+def _check_draft(spec: SpeculativeConfig | None, cfg: ModelConfig,
+                 dtype_name: str) -> SpeculativeConfig | None:
+    """A draft model's folder resolved and its config read (no weights): its vocabulary
+    must be the target's, token for token the same ids."""
+    if spec is None or spec.method != "draft_model":
+        return spec
+    field = "speculative_config.model"
+    try:
+        draft_dir = Path(resolve_model(spec.model, None if dtype_name == "auto" else dtype_name))
+        draft = load_config(draft_dir)
+    except (OSError, ValueError) as err:
+        raise FieldValueError(field, f"{field} {spec.model!r}: {err}") from None
+    if draft.vocab_size != cfg.vocab_size:
+        raise FieldValueError(field, f"{field} {spec.model!r} has a vocabulary of "
+                              f"{draft.vocab_size} tokens, the target's has {cfg.vocab_size}: "
+                              "a draft must share the target's vocabulary (its token ids "
+                              "are proposed as the target's)")
+    return replace(spec, draft_model_dir=draft_dir)
 
 
 def _dtype_name(dtype) -> str:
@@ -387,6 +435,28 @@ def _check_tensor_parallel(args: EngineArgs, device: torch.device) -> None:
         raise FieldValueError("tensor_parallel_size", "a tensor-parallel engine does not "
                               "profile each rank's GPU yet: give kv_cache_memory (bytes per "
                               "rank) or num_gpu_blocks")
+
+
+def _check_pipeline_parallel(args: EngineArgs) -> None:
+    """pipeline_parallel_size: vLLM's flag, taken at 1 (one stage: every layer on every rank);
+    more is refused, naming the flag and the parallelism this engine runs instead."""
+    check_int("pipeline_parallel_size", args.pipeline_parallel_size, low=1)
+    if args.pipeline_parallel_size > 1:
+        raise FieldValueError("pipeline_parallel_size", f"pipeline_parallel_size "
+                              f"{args.pipeline_parallel_size}: this engine splits a model "
+                              "across GPUs by tensor parallelism only (every layer on every "
+                              "rank, one all-reduce after o_proj and down_proj), which keeps "
+                              "all GPUs busy on every token of one node, as seed 003 argues; "
+                              "pipeline stages would idle between micro-batches. Use "
+                              "tensor_parallel_size instead (pipeline_parallel_size 1)")
+
+
+def _sixteen_bit_cache(fmt: KVCacheFormat, dtype_name: str) -> KVCacheFormat:
+    """A 16-bit kv_cache_dtype (float16, bfloat16, fp16, bf16) naming the model's own dtype is
+    "auto": the cache the model has anyway. Another dtype stays: a cache rounded to it."""
+    if fmt.scales == "none" and fmt.storage_dtype == FLOAT_DTYPES.get(dtype_name):
+        return kv_cache_format("auto")
+    return fmt
 
 
 def _check_quantization(args: EngineArgs) -> tuple[str, ...]:

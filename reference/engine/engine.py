@@ -3,6 +3,8 @@ update. Requests come and go between steps (add_request, abort_request).
 
 The step, part by part (vLLM V1's seam), each with one owner:
 
+    _propose()                     speculative decoding only: each running sequence's proposed
+                                   next tokens (spec_decode/), which the scheduler books
     Scheduler.schedule()           SchedulerOutput: which sequences run, how many tokens each,
                                    and the blocks to swap out / swap in / copy (no tensors)
     runner.move_blocks(...)        the runner carries those moves out on its KV tensors
@@ -30,6 +32,7 @@ import torch
 from ..kv import ContiguousKVCacheManager, KVCacheConfig, PagedKVCacheManager
 from ..model.loader import load_tokenizer
 from ..model.quantization import float_linears, weight_bytes
+from ..spec_decode import NgramProposer
 from .beam_search import BeamSearchParams
 from .client import ModelLimits
 from .config import EngineArgs, EngineConfig
@@ -42,6 +45,7 @@ from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceGroup, next_seq_id
 from .step_inputs import StepInputs, prepare_inputs
 from .structured_outputs.admission import GrammarAdmission
+from .validation import FieldValueError
 
 StepObserver = Callable[["LLMEngine", SchedulerOutput, StepInputs], None]
 
@@ -87,6 +91,8 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.step_observers: list[StepObserver] = []
         self.weight_bytes = weight_bytes(self.runner.model)  # once: the weights never change
+        self.proposer = self._make_proposer(config)  # None without speculative_config
+        self.num_steps = 0  # engine steps run (the benchmarks' steps per output token)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -145,6 +151,11 @@ class LLMEngine:
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_params(params)
+        if self.proposer is not None and isinstance(params, BeamSearchParams):
+            raise FieldValueError("speculative_config", "beam search is refused with "
+                                  "speculative_config: beams are chosen from logprobs, not "
+                                  "drawn, so there is no token for a proposal to match; use an "
+                                  "engine without speculation for beam search")
         text, ids = prompt_ids(prompt, self.tokenizer, self.vocab_size)
         check_request(request_id, len(ids), params, self.kv, self.config.scheduler_config,
                       self.vocab_size, self.config.max_logprobs)
@@ -196,6 +207,7 @@ class LLMEngine:
         sched = None
         touched = []
         try:
+            self._propose()
             sched = self.scheduler.schedule()
             self.runner.move_blocks(sched.blocks_to_swap_out, sched.blocks_to_swap_in,
                                     sched.blocks_to_copy)
@@ -213,6 +225,7 @@ class LLMEngine:
                 self.groups.pop(group.request_id, None)
             self._fail_step(sched)
             raise
+        self.num_steps += 1
         outputs = [self.output_processor.make_output(g) for g in touched + failed
                    if g.is_finished or g.streams]
         for group in touched + failed:
@@ -220,6 +233,39 @@ class LLMEngine:
                 self.groups.pop(group.request_id, None)
         return outputs
     # --8<-- [end:step]
+
+    # -- speculative decoding ------------------------------------------------------------------
+    def _make_proposer(self, config: EngineConfig):
+        spec = config.speculative_config
+        if spec is None:
+            return None
+        if spec.method == "ngram":
+            return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_max,
+                                 spec.prompt_lookup_min)
+        from ..spec_decode.draft import DraftModelProposer  # loads the draft's weights
+        return DraftModelProposer(config, self.kv.num_total_blocks)
+
+    # --8<-- [start:propose]
+    def _propose(self) -> None:
+        """Proposals for every running sequence that decodes, into seq.spec_token_ids: at
+        most num_speculative_tokens, and none past max_tokens or max_model_len (the run's
+        last row would be wasted); with a grammar, cut at the first token it refuses."""
+        if self.proposer is None:
+            return
+        k_max = self.config.speculative_config.num_speculative_tokens
+        wanted = []
+        for group in self.scheduler.running:
+            for seq in group.unfinished_seqs():
+                seq.spec_token_ids = []
+                if group.is_beam_search or seq.is_prefill:
+                    continue
+                k = min(k_max, group.sampling_params.max_tokens - len(seq.output_token_ids) - 1,
+                        self.config.max_model_len - len(seq) - 1)
+                if k > 0:
+                    wanted.append((group, seq, k))
+        for (_, seq, k), proposals in zip(wanted, self.proposer.propose(wanted), strict=True):
+            seq.spec_token_ids = _grammar_prefix(seq, proposals[:k])
+    # --8<-- [end:propose]
 
     def _fail_step(self, sched: SchedulerOutput | None) -> None:
         """Finish the failed step's requests with an error and free their memory. Which
@@ -265,4 +311,21 @@ class LLMEngine:
             "weight_bytes": self.weight_bytes,  # of rank 0's shard when tensor-parallel
             "tensor_parallel_size": self.config.tensor_parallel_size,
             "float_linears": self.float_linears,
+            "num_steps": self.num_steps,
+            **(self.scheduler.spec_metrics.stats() if self.proposer is not None else {}),
         }
+
+
+def _grammar_prefix(seq: Sequence, proposals: list[int]) -> list[int]:
+    """The longest prefix of the proposals the sequence's grammar accepts, token by token
+    (all of them without a grammar). A token that would complete it is left to the target
+    (no row may follow a finished grammar: it has no next-token mask)."""
+    if seq.matcher is None or not proposals:
+        return proposals
+    fork = seq.matcher.fork()
+    kept = []
+    for token in proposals:
+        if not fork.accept_token(token) or fork.is_terminated():
+            break
+        kept.append(token)
+    return kept

@@ -34,6 +34,8 @@ finished freed. vLLM V1's ``Scheduler.update_from_output``; nano-vllm's ``postpr
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from ..ops.spec_decode import verify_runs
+from ..spec_decode.metrics import SpecDecodeMetrics
 from .beam_step import beam_step
 from .output_processor import OutputProcessor
 from .outputs import ModelRunnerOutput
@@ -56,6 +58,9 @@ class ScheduledSeq:
     group: SequenceGroup
     seq: Sequence
     num_tokens: int  # tokens computed this step, from position seq.num_computed_tokens on
+    # speculative decoding: proposed tokens computed after them (their slots are booked as
+    # lookahead); the step's logits at each say whether it is kept (update_from_output)
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -77,9 +82,11 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 # --8<-- [end:scheduler_output]
 
-    def add(self, group: SequenceGroup, seq: Sequence, num_tokens: int) -> None:
-        self.scheduled.append(ScheduledSeq(group, seq, num_tokens))
-        self.num_batched_tokens += num_tokens
+    def add(self, group: SequenceGroup, seq: Sequence, num_tokens: int,
+            spec_token_ids: list[int] | None = None) -> None:
+        spec = spec_token_ids or []
+        self.scheduled.append(ScheduledSeq(group, seq, num_tokens, spec))
+        self.num_batched_tokens += num_tokens + len(spec)
 
 
 class Scheduler:
@@ -94,6 +101,7 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.counters = Counter()  # preemptions by mode, swaps, prefill and decode tokens
+        self.spec_metrics = SpecDecodeMetrics()  # proposals made and kept
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
@@ -142,6 +150,7 @@ class Scheduler:
         self.finish_requests(touched)
         return touched
 
+    # --8<-- [start:append_sampled]
     def _append_sampled(self, runner_output: ModelRunnerOutput) -> None:
         output, sampled = runner_output, runner_output.sampled
         tokens, logprobs = sampled.token_ids.tolist(), sampled.logprobs.tolist()
@@ -151,22 +160,53 @@ class Scheduler:
             seq = row.item.seq
             if row.sample_index != seq.index and seq.seq_id not in samples:
                 samples[seq.seq_id] = self._fork_samples(row.item.group, seq)
+        accepted = self._verify(output.rows, tokens)  # first row of a run -> proposals kept
         beam_rows: dict[SequenceGroup, list[int]] = {}
         for r, row in enumerate(output.rows):
             group, seq = row.item.group, row.item.seq
             if group.is_beam_search:
                 beam_rows.setdefault(group, []).append(r)
                 continue
+            if row.offset:
+                continue  # a later row of a speculative run: taken with its first row
             seq = samples.get(seq.seq_id, {}).get(row.sample_index, seq)
             num_logprobs = group.sampling_params.logprobs
-            top = (dict(zip(top_ids[r][:num_logprobs], top_lps[r][:num_logprobs], strict=True))
-                   if num_logprobs else {})
-            self.output_processor.append_token(group, seq, tokens[r], logprobs[r], top)
+            # a plain row emits its token; a run of k proposals its first accepted + 1
+            kept = accepted.get(r, 0)
+            for j in range(kept + 1):
+                top = (dict(zip(top_ids[r + j][:num_logprobs], top_lps[r + j][:num_logprobs],
+                                strict=True)) if num_logprobs else {})
+                self.output_processor.append_token(group, seq, tokens[r + j],
+                                                   logprobs[r + j], top)
+                if seq.is_finished:
+                    break  # a stop inside the run: the tokens after it are not emitted
+                if j < kept:
+                    seq.num_computed_tokens += 1  # an accepted proposal: its K/V is in place
+            if r in accepted and not seq.is_finished:
+                # the rejected proposals' slots go back; the full blocks of accepted tokens
+                # become findable (the prefix cache never sees a rejected token)
+                self.kv.truncate_slots(seq, seq.num_computed_tokens)
+                self.kv.mark_computed(seq)
             if seq.is_finished and not group.is_finished:
                 self.kv.free_seq(seq)  # a finished sample's blocks go back now
         for group, rows in beam_rows.items():
             beam_step(group, output.logits[rows], self.kv, self.output_processor.eos_token_id,
                       self.output_processor.max_model_len)
+
+    def _verify(self, rows: list, tokens: list[int]) -> dict[int, int]:
+        """Speculative runs: {first row: proposals accepted}, by the exact rule
+        (ops/spec_decode.py): proposal j is kept while it equals the token the target drew
+        at row j. A run's rows are consecutive, offsets 0..k."""
+        firsts = [r for r, row in enumerate(rows) if row.offset == 0
+                  and row.item.spec_token_ids]
+        drafts = [rows[r].item.spec_token_ids for r in firsts]
+        targets = [tokens[r:r + len(d) + 1] for r, d in zip(firsts, drafts, strict=True)]
+        accepted = dict(zip(firsts, verify_runs(targets, drafts), strict=True))
+        for r, draft in zip(firsts, drafts, strict=True):
+            self.spec_metrics.observe(len(draft), accepted[r])
+            self.counters["decode_tokens"] += accepted[r]  # computed: their K/V are kept
+        return accepted
+    # --8<-- [end:append_sampled]
 
     # --8<-- [start:fork_samples]
     def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> dict[int, Sequence]:
@@ -239,17 +279,37 @@ class Scheduler:
             if self._tokens_left(out) < len(seqs):
                 self.running.append(group)  # no budget this step; it keeps its memory
                 continue
+            spec = self._lookahead(group, seqs, out)  # proposals that fit: no preemption
             while not self.kv.can_allocate_slots(group):
                 victim = queue.pop() if queue else group  # the latest arrival gives way
                 self._preempt(victim, out)
                 if victim is group:
                     break
             else:
-                for seq in seqs:
-                    self._append(seq, out)
-                    out.add(group, seq, 1)
+                for seq, proposals in zip(seqs, spec, strict=True):
+                    out.blocks_to_copy += self.kv.allocate_slots(seq, 1, len(proposals))
+                    out.add(group, seq, 1, proposals)
                 self.running.append(group)
     # --8<-- [end:running]
+
+    # --8<-- [start:lookahead]
+    def _lookahead(self, group: SequenceGroup, seqs: list[Sequence],
+                   out: SchedulerOutput) -> list[list[int]]:
+        """Each sequence's proposals for this step (taken from seq.spec_token_ids, which the
+        engine's proposer filled): cut to the token budget, and dropped altogether when the
+        pool cannot book their lookahead slots now — speculation never preempts anyone."""
+        spare = self._tokens_left(out) - len(seqs)  # after one token each
+        spec = []
+        for seq in seqs:
+            proposals = seq.spec_token_ids[:max(spare, 0)]
+            seq.spec_token_ids = []
+            spare -= len(proposals)
+            spec.append(proposals)
+        k = max(map(len, spec), default=0)
+        if k and not self.kv.can_allocate_slots(group, 1, k):
+            return [[] for _ in seqs]
+        return spec
+    # --8<-- [end:lookahead]
 
     # --8<-- [start:admit]
     def _admit(self, out: SchedulerOutput, chunked: bool) -> None:

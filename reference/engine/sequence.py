@@ -49,6 +49,9 @@ class Sequence:
     # structured outputs: xgrammar's GrammarMatcher, which has accepted exactly
     # output_token_ids (structured_outputs.py); None without a grammar
     matcher: object | None = None
+    # speculative decoding: the tokens proposed for the next step (the engine's proposer
+    # fills them, the scheduler takes them); never part of token_ids until accepted
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:

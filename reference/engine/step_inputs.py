@@ -10,8 +10,9 @@ manager knows where their tokens live. This turns both into flat tensors (vLLM V
     query_start_loc [B + 1]           sequence b's rows are query_start_loc[b]:[b + 1]
     logits_indices [S (+ P)]          the rows whose logits are sampled: each sequence's last
                                       row when the step reaches its last token — repeated n times
-                                      for a prompt that forks into n samples; then the P prompt
-                                      rows of requests with prompt_logprobs (prompt_logprobs.py)
+                                      for a prompt that forks into n samples; a sequence with k
+                                      proposals (speculative decoding) its last k + 1 rows; then
+                                      the P prompt rows of requests with prompt_logprobs
     sampling                          one row of sampling parameters per logits row (and,
                                       with structured outputs, the grammars' token bitmask)
 
@@ -37,6 +38,7 @@ class LogitsRow:
 
     item: ScheduledSeq
     sample_index: int
+    offset: int = 0  # speculative decoding: j, the row after the run's j-th proposal
 
 
 @dataclass
@@ -59,20 +61,26 @@ def _sample_indices(item: ScheduledSeq) -> list[int]:
 
 
 # --8<-- [start:sampling_row]
-def _sampling_row(item: ScheduledSeq, index: int,
-                  eos_token_id: int | None) -> SamplingRow:
+def _sampling_row(item: ScheduledSeq, index: int, eos_token_id: int | None,
+                  offset: int = 0) -> SamplingRow:
+    """The row as plain decoding would sample it; at a speculative run's row j, as if the
+    sequence already held its first j proposals (its output position, min_tokens and
+    penalties count them)."""
     group, seq, params = item.group, item.seq, item.group.sampling_params
     if group.is_beam_search:
         # beams are chosen from logprobs, not sampled
         return SamplingRow(temperature=0.0)
+    output = seq.output_token_ids
+    if offset:
+        output = output + item.spec_token_ids[:offset]
     blocked = []
-    if len(seq.output_token_ids) < params.min_tokens:  # too early to stop
+    if len(output) < params.min_tokens:  # too early to stop
         blocked = list(params.stop_token_ids)
         if eos_token_id is not None and not params.ignore_eos:
             blocked.append(eos_token_id)
     row = SamplingRow(temperature=params.temperature, top_k=params.top_k,
                       top_p=params.top_p, stream=group.stream_for(index),
-                      position=len(seq.output_token_ids), blocked_token_ids=blocked,
+                      position=len(output), blocked_token_ids=blocked,
                       num_logprobs=params.logprobs or 0, min_p=params.min_p,
                       repetition_penalty=params.repetition_penalty,
                       presence_penalty=params.presence_penalty,
@@ -80,8 +88,21 @@ def _sampling_row(item: ScheduledSeq, index: int,
                       logit_bias=params.logit_bias)
     if row.transforms_logits:  # the penalties look at what the sequence holds
         row.prompt_token_ids = seq.prompt_token_ids
-        row.output_token_ids = seq.output_token_ids
+        row.output_token_ids = output
     return row
+
+
+def _row_matcher(row: LogitsRow):
+    """The grammar's parser for a row: the sequence's own, or at a speculative run's row j
+    a fork of it that has taken the first j proposals (each of which it accepts: the engine
+    cut the proposals where the grammar refused one)."""
+    matcher = row.item.seq.matcher
+    if matcher is None or not row.offset:
+        return matcher
+    fork = matcher.fork()
+    for token in row.item.spec_token_ids[:row.offset]:
+        fork.accept_token(token)
+    return fork
 # --8<-- [end:sampling_row]
 
 
@@ -94,11 +115,12 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         seq = item.seq
         start = seq.num_computed_tokens
         end = start + item.num_tokens
-        ids += seq.tokens(start, end)
-        positions += range(start, end)
-        slots += kv.slot_mapping(seq, start, end)
+        k = len(item.spec_token_ids)  # proposals computed after the sequence's tokens
+        ids += seq.tokens(start, end) + item.spec_token_ids
+        positions += range(start, end + k)
+        slots += kv.slot_mapping(seq, start, end + k)
         tables.append(kv.block_table(seq))
-        seq_lens.append(end)
+        seq_lens.append(end + k)
         starts.append(len(ids))
         if item.group.prompt_logprobs is not None:  # asked for: the prompt's rows too
             keep = prompt_rows(item.group, start, end, starts[-2])
@@ -108,8 +130,9 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         # the step reaches the sequence's last token: it predicts the next one
         if item.samples:
             for index in _sample_indices(item):
-                rows.append(LogitsRow(item, index))
-                logits_indices.append(len(ids) - 1)
+                for j in range(k + 1):  # one row, or a speculative run's k + 1
+                    rows.append(LogitsRow(item, index, j))
+                    logits_indices.append(len(ids) - 1 - k + j)
     # static batching computes pad rows, stores and samples none
     for n in sched.padding_rows:
         ids += [0] * n
@@ -128,8 +151,9 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         seq_lens=seq_lens_cpu.to(device),
         query_start_loc=query_start_loc_cpu.to(device),
         seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu)
-    sampling_rows = [_sampling_row(r.item, r.sample_index, eos_token_id) for r in rows]
-    matchers = [r.item.seq.matcher for r in rows]  # a prompt's n rows share its matcher
+    sampling_rows = [_sampling_row(r.item, r.sample_index, eos_token_id, r.offset)
+                     for r in rows]
+    matchers = [_row_matcher(r) for r in rows]  # a prompt's n rows share its matcher
     bitmask = None
     if any(m is not None for m in matchers):  # structured outputs: the grammars' masks
         bitmask = fill_bitmask(matchers, [r.blocked_token_ids for r in sampling_rows],

@@ -1,4 +1,5 @@
-"""Quantizing a loaded model's linear layers in place (``quantization="int8"`` / ``"int4"``, or
+"""Quantizing a loaded model's linear layers in place (``quantization="int8"`` / ``"fp8"`` /
+``"int4"``, or
 ``"gguf"``: a GGUF file's own 4-bit blocks).
 
 Every ``nn.Linear`` becomes a ``QuantizedLinear`` holding its codes and scales
@@ -19,6 +20,7 @@ from ..ops.weight_quant import (
     INT4_GROUP_SIZES,
     WEIGHT_QUANTIZATIONS,
     QuantizedWeight,
+    quantize_fp8,
     quantize_int4,
     quantize_int8,
     quantized_linear,
@@ -118,7 +120,7 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
     skipped layer is not looked up in the file and keeps the float weight the file was
     converted to); an entry that matches no linear layer is a ValueError (``check_skip``).
     row_absmax: {layer name: [out]} the whole rows' max |w| for layers that hold a slice of
-    their inputs (tensor parallelism's row-parallel shards): int8 scales them by it."""
+    their inputs (tensor parallelism's row-parallel shards): int8 and fp8 scale them by it."""
     # --8<-- [start:select_layers]
     check_quantization(scheme, group_size)
     check_skip(skip, model)
@@ -143,8 +145,10 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
                              f"it, or leave the layer out with quantization_skip")
     # --8<-- [start:replace_layers]
     for name, linear in names.items():
-        q = quantize_int8(linear.weight, (row_absmax or {}).get(name)) \
-            if scheme == "int8" else quantize_int4(linear.weight, group_size)
+        absmax = (row_absmax or {}).get(name)
+        q = quantize_int8(linear.weight, absmax) if scheme == "int8" else \
+            quantize_fp8(linear.weight, absmax) if scheme == "fp8" else \
+            quantize_int4(linear.weight, group_size)
         _replace(model, name, QuantizedLinear(q, linear.bias))
     return model
     # --8<-- [end:replace_layers]

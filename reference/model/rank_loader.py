@@ -31,9 +31,9 @@ def load_rank_model(config, rank: int = 0) -> nn.Module:
         model = load_model_shard(config.model_dir, rank, tp, config.dtype,
                                  rank_device(config, rank))
     if config.quantization is not None:  # the float weights are dropped layer by layer
-        # int8 scales whole rows, which a row-parallel shard holds a slice of
+        # int8 and fp8 scale whole rows, which a row-parallel shard holds a slice of
         row_absmax = row_parallel_absmax(model, config.model_dir, config.dtype) \
-            if tp > 1 and config.quantization == "int8" else None
+            if tp > 1 and config.quantization in ("int8", "fp8") else None
         model = quantize_model(model, config.quantization, config.quantization_group_size,
                                config.quantization_skip, converted_from(config.model_dir),
                                row_absmax)

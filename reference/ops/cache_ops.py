@@ -26,7 +26,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     quantized kv_cache_dtype stores the rows quantized: fp8 divides by the layer's
     k_scale / v_scale [1]; int8 and int4 compute each row's scale (int4: scale and zero)
     and write it at the same slot of k_scale / v_scale
-    [num_blocks, block_size, kv_heads] (int4: [..., 2]).
+    [num_blocks, block_size, kv_heads] (int4: [..., 2]). A 16-bit cache of another
+    dtype than the model's (kv_cache_dtype "float16" beside a bf16 model) takes the rows
+    rounded to its dtype.
     """
     keep = slot_mapping >= 0  # [T]
     if not bool(keep.all()):
@@ -35,7 +37,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         # [T, kv_heads, stored], [T, kv_heads] (int4: [T, kv_heads, 2]) or None
         data, row_scales = quantize_kv(x, kv_cache_dtype, scale)
         # a flat view: one row per slot
-        cache.view(-1, *cache.shape[2:])[slot_mapping] = data
+        cache.view(-1, *cache.shape[2:])[slot_mapping] = data.to(cache.dtype)
         if row_scales is not None:
             scale.view(-1, *scale.shape[2:])[slot_mapping] = row_scales
 # --8<-- [end:store_kv]

@@ -6,10 +6,16 @@ same memory, at the price of a rounding error in every key and value attention r
 
     kv_cache_dtype  stored as                       scale                          bytes/element
     auto            the model's dtype                none                           2 (4 in fp32)
+    float16         fp16 (16-bit names: fp16, bf16)  none                           2
     fp8_e4m3        float8: 4 exponent, 3 mantissa   one per layer for K, one for V  1
     fp8_e5m2        float8: 5 exponent, 2 mantissa   one per layer for K, one for V  1
     int8            integer in [-127, 127]           one per token and KV head       1
     int4            integer in [0, 15], two per byte scale + zero per token and head 1/2
+
+A 16-bit name (vLLM's ``bfloat16``; ``float16``, ``fp16``, ``bf16``) asks for a cache of that dtype:
+the model's own (the same as ``auto``, which the engine's config makes it) or, beside a model of
+another dtype, a cache that K and V are rounded to on the way in and widened back from as they
+are read (a float32 model on the CPU with a bf16 cache: half the bytes, bf16's rounding).
 
 A floating-point format keeps a relative error whatever the magnitude (e4m3: 3 mantissa bits,
 half a step is 2**-4 = 6.25 % at worst; e5m2: 12.5 %), down to its smallest normal number, but
@@ -108,8 +114,12 @@ KV_CACHE_FORMATS = {
     "int8": KVCacheFormat("int8", torch.int8, "per_token_head", 127.0),
     "int4": KVCacheFormat("int4", torch.uint8, "per_token_head", 15.0, values_per_byte=2,
                           zero_point=True, rotated=True),
+    # a 16-bit cache: no scales, the values rounded to the dtype (the model's own: "auto")
+    "float16": KVCacheFormat("float16", torch.float16, "none", 65504.0),
+    "bfloat16": KVCacheFormat("bfloat16", torch.bfloat16, "none", 0.0),
 }
-KV_CACHE_ALIASES = {"fp8": "fp8_e4m3"}  # vLLM's names
+# vLLM's names, and the 16-bit dtypes' short ones
+KV_CACHE_ALIASES = {"fp8": "fp8_e4m3", "fp16": "float16", "bf16": "bfloat16"}
 KV_CACHE_DTYPES = (*KV_CACHE_FORMATS, *KV_CACHE_ALIASES)
 
 

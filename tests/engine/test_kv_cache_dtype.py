@@ -135,7 +135,8 @@ def test_the_pool_holds_what_its_bytes_buy(tier, checkpoints):
 # -- refused at construction --------------------------------------------------------------------
 def test_bad_kv_cache_options_are_refused(tier, checkpoints, tmp_path):
     path = checkpoints["llama3"]
-    with pytest.raises(ValueError, match="auto, fp8_e4m3, fp8_e5m2, int8, int4, fp8") as err:
+    with pytest.raises(ValueError, match="auto, fp8_e4m3, fp8_e5m2, int8, int4, float16, "
+                       "bfloat16, fp8, fp16, bf16") as err:
         tier.LLM(path, kv_cache_dtype="fp4")
     assert err.value.field == "kv_cache_dtype"
     with pytest.raises(TypeError, match="kv_cache_dtype"):
@@ -156,3 +157,22 @@ def test_bad_kv_cache_options_are_refused(tier, checkpoints, tmp_path):
     assert tier.LLM(odd, kv_cache_dtype="int8").generate(
         [{"prompt_token_ids": [1, 2, 3]}], tier.SamplingParams(max_tokens=2),
         use_tqdm=False)[0].outputs[0].token_ids  # an odd head_dim is fine for int8
+
+
+# -- 16-bit names (issue 41: source article 3's --kv-cache-dtype fp16) ---------------------------
+def test_a_sixteen_bit_cache_is_the_models_own_or_one_rounded_to_it(checkpoints):
+    """fp16 / float16 / bf16 / bfloat16: the model's own dtype is "auto"; beside a model of
+    another dtype, a cache of that dtype (half a float32 model's bytes), and the tiers agree."""
+    from pagedllm import optimized, reference
+
+    path = checkpoints["llama3"]
+    same = reference.LLM(path, dtype="bfloat16", kv_cache_dtype="bf16", num_gpu_blocks=8)
+    assert same.engine.config.kv_cache_dtype == "auto"
+    auto = reference.LLM(path, dtype="float32", num_gpu_blocks=8).stats()
+    half = reference.LLM(path, dtype="float32", kv_cache_dtype="fp16", num_gpu_blocks=8)
+    assert half.engine.config.kv_cache_dtype == "float16"
+    assert half.stats()["kv_bytes_per_token"] * 2 == auto["kv_bytes_per_token"]
+    prompts, params = workload(reference)
+    ours = [run(t, path, prompts, params, kv_cache_dtype="fp16", **REGIMES["recompute"])[0]
+            for t in (reference, optimized)]
+    assert ours[0] == ours[1]

@@ -200,3 +200,37 @@ def test_a_kernel_the_interpreter_accepts_but_the_compiler_rejects_fails(tmp_pat
     assert "_double" in failures
     results = json.loads((tmp_path / "report.json").read_text())["results"]
     assert len(results) == 4 and not any(r["ok"] for r in results)
+
+
+RECORD_FP8 = '''
+import json, sys, torch
+from pagedllm.kernels.compile_check import Recorder
+from pagedllm.kernels.quant_linear import quant_linear
+from pagedllm.kernels.runtime import launch_hook
+from pagedllm.reference.ops.weight_quant import quantize_fp8
+recorder = Recorder()
+with launch_hook(recorder):
+    for dtype in (torch.bfloat16, torch.float16):
+        qw = quantize_fp8((torch.randn(64, 256) * 0.05).to(dtype))
+        for rows in (3, 40):
+            quant_linear(torch.randn(rows, 256).to(dtype), qw)
+json.dump(list(recorder.launches.values()), open(sys.argv[1], "w"))
+'''
+
+
+def test_the_fp8_weight_product_compiles_for_sm80_and_sm90(tmp_path):
+    """fp8 weights reach the kernel as bytes and are widened by bit arithmetic, so the A100
+    (sm_80), whose Triton has no e4m3 type, compiles the launch as the H100 (sm_90) does. A
+    focused record of the fp8 launches alone: the ci matrix above holds them too, but this
+    one runs in seconds."""
+    launches, results = tmp_path / "launches.json", tmp_path / "report.json"
+    subprocess.run([sys.executable, "-c", RECORD_FP8, str(launches)], check=True,
+                   env={**os.environ, "TRITON_INTERPRET": "1"})
+    recorded = json.loads(launches.read_text())
+    assert recorded and all(launch["constexprs"]["FP8"] for launch in recorded)
+    assert all(launch["signature"]["w_ptr"] == "*u8" for launch in recorded)
+    run_phase("compile", "--launches", str(launches), "--json", str(results),
+              "--targets", ",".join(map(str, CAPABILITIES)), "--jobs", "1")
+    report = json.loads(results.read_text())["results"]
+    assert {r["capability"] for r in report} == set(CAPABILITIES)
+    assert all(r["ok"] for r in report), [r["error"] for r in report if not r["ok"]]

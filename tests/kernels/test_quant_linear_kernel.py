@@ -1,7 +1,7 @@
 """kernels/quant_linear.py under the interpreter against its twin (reference/ops/weight_quant.py):
-int8 per channel and int4 in every group size, each activation dtype, a decode's few rows and a
-prefill's many, sizes that are not multiples of a tile, a bias; and the optimized tier running a
-quantized model through the kernel, with the twin's greedy tokens.
+int8 and fp8 (e4m3) per channel and int4 in every group size, each activation dtype, a decode's
+few rows and a prefill's many, sizes that are not multiples of a tile, a bias; and the optimized
+tier running a quantized model through the kernel, with the twin's greedy tokens.
 
 Tolerance: the twin dequantizes and sums in float32 and rounds once; the kernel feeds tl.dot
 the dequantized tile in x's dtype (float32 accumulation), so bf16/fp16 results may differ by a
@@ -14,7 +14,12 @@ import torch
 from pagedllm import optimized, reference
 from pagedllm.kernels.quant_linear import quant_linear
 from pagedllm.reference import SamplingParams
-from pagedllm.reference.ops.weight_quant import quantize_int4, quantize_int8, quantized_linear
+from pagedllm.reference.ops.weight_quant import (
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+    quantized_linear,
+)
 from pagedllm.serving.default_model import default_model_dir
 
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}  # relative to max |y|
@@ -26,14 +31,15 @@ def interpreter(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("scheme", ["int8", "int4/32", "int4/64", "int4/128"])
+@pytest.mark.parametrize("scheme", ["int8", "fp8", "int4/32", "int4/64", "int4/128"])
 @pytest.mark.parametrize("rows", [1, 3, 20])
 def test_quant_linear_matches_the_twin(dtype, scheme, rows):
     torch.manual_seed(rows)
     N, K = 72, 256  # N: not a multiple of the 64-wide tile
     w = (torch.randn(N, K) * 0.05).to(dtype)
     w[5] *= 40  # one large row: its own scale
-    qw = quantize_int8(w) if scheme == "int8" else quantize_int4(w, int(scheme[5:]))
+    qw = quantize_int8(w) if scheme == "int8" else quantize_fp8(w) if scheme == "fp8" else \
+        quantize_int4(w, int(scheme[5:]))
     x = torch.randn(rows, K).to(dtype)
     bias = torch.randn(N).to(dtype) if rows == 3 else None
     got, want = quant_linear(x, qw, bias), quantized_linear(x, qw, bias)

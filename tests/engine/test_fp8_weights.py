@@ -1,0 +1,79 @@
+"""fp8 weights (quantization="fp8", issue 41): e4m3 codes with a scale per output channel,
+activations in the model's dtype. The twin's error bound and bytes; the Triton kernel under the
+interpreter and the CPU backend (which runs the twin: kernels/cpu has no fp8 product yet) give
+the reference tier's tokens; tensor-parallel shards keep the whole row's scale."""
+
+import pytest
+import torch
+
+from pagedllm import optimized, reference
+from pagedllm.reference import SamplingParams
+from pagedllm.reference.model.quantization import QuantizedLinear
+from pagedllm.reference.ops.weight_quant import (
+    FP8_MAX,
+    dequantize_weight,
+    quantize_fp8,
+    quantize_int8,
+)
+from pagedllm.serving.default_model import default_model_dir
+
+PROMPTS = ["The for statement is used to", "Return a list of"]
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=4, ignore_eos=True)
+
+
+def tokens(make, runs=(GREEDY, SEEDED), **options):
+    llm = make(default_model_dir(), quantization="fp8", max_num_seqs=2, max_model_len=64,
+               num_gpu_blocks=16, **options)
+    return [[o.outputs[0].token_ids for o in llm.generate(PROMPTS, p, use_tqdm=False)]
+            for p in runs]
+
+
+def test_e4m3_codes_keep_every_weight_within_a_sixteenth_of_itself():
+    torch.manual_seed(0)
+    w = torch.randn(48, 160) * 0.02
+    w[3] *= 100  # a large row: its own scale, the others' steps untouched
+    q = quantize_fp8(w)
+    assert q.qweight.dtype == torch.float8_e4m3fn and q.scales.shape == (48,)
+    assert float(q.qweight.float().abs().amax(dim=1).min()) == FP8_MAX  # each row's max lands
+    err = (dequantize_weight(q, torch.float32) - w).abs()
+    # 3 mantissa bits: half a step is 2**-4 of the value, above e4m3's smallest normal 2**-6
+    bound = torch.maximum(w.abs() * 2**-4, q.scales[:, None] * 2**-10)
+    assert bool((err <= bound * 1.0001).all())
+    # the bytes of int8: a byte a weight and a scale a row
+    assert q.nbytes() == quantize_int8(w).nbytes() == 48 * 160 + 48 * 4
+
+
+def test_row_absmax_gives_a_shard_the_whole_rows_scale():
+    w = torch.randn(8, 64)
+    whole = quantize_fp8(w)
+    half = quantize_fp8(w[:, :32], absmax=w.abs().amax(dim=1))
+    assert torch.equal(half.scales, whole.scales)
+    assert torch.equal(half.qweight.view(torch.uint8), whole.qweight[:, :32].view(torch.uint8))
+
+
+def test_the_model_holds_fp8_layers_and_the_cpu_backend_runs_the_twins_tokens():
+    ref = reference.LLM(default_model_dir(), quantization="fp8", dtype="float32",
+                        num_gpu_blocks=16, max_model_len=64)
+    layers = [m for m in ref.engine.model.modules()
+              if isinstance(m, QuantizedLinear)]
+    assert layers and all(m.quantized.scheme == "fp8" for m in layers)
+    for dtype in ("float32", "bfloat16"):
+        assert tokens(optimized.LLM, dtype=dtype) == tokens(reference.LLM, dtype=dtype), dtype
+
+
+def test_the_triton_kernel_under_the_interpreter_gives_the_reference_tokens(monkeypatch):
+    want = tokens(reference.LLM, (GREEDY,), dtype="float32")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # every kernel interpreted: greedy only
+    assert tokens(optimized.LLM, (GREEDY,), dtype="float32") == want
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("quantization", "fp4", "quantization"),
+    ("pipeline_parallel_size", 2, "tensor parallelism"),
+    ("pipeline_parallel_size", 0, "pipeline_parallel_size"),
+])
+def test_refusals_name_the_field(field, value, match):
+    with pytest.raises(ValueError, match=match) as err:
+        reference.LLM(default_model_dir(), **{field: value})
+    assert err.value.field == field
