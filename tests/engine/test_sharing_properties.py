@@ -17,11 +17,11 @@ request = st.tuples(
 )
 
 
-def write_guard(tier, block_size: int):
-    """The tier's own backend (its EngineArgs' default), with a store_kv that fails
-    the moment a K/V row lands in a block that is shared or free (it reads the reference counts
-    of the engine it is given to)."""
-    base = tier.EngineArgs("any model").backend
+def write_guard(tier, path, block_size: int):
+    """The backend the tier chooses for this model, with a store_kv that fails the moment a K/V
+    row lands in a block that is shared or free (it reads the reference counts of the engine it
+    is given to)."""
+    base = tier.LLM(path, block_size=block_size).engine.backend
     store_kv = base.store_kv
     state = {}
 
@@ -36,7 +36,7 @@ def write_guard(tier, block_size: int):
 
 
 def run_workload(tier, path, reqs, beams, **engine_args):
-    backend, guard = write_guard(tier, block_size=4)
+    backend, guard = write_guard(tier, path, block_size=4)
     llm = tier.LLM(path, block_size=4, backend=backend, **engine_args)
     guard["engine"] = llm.engine
     prompts = [{"prompt_token_ids": (SHARED if shared else []) + [(7 * i + j) % 250

@@ -138,9 +138,13 @@ def test_names_and_bytes():
     assert kv_cache_format("fp8") is KV_CACHE_FORMATS["fp8_e4m3"]  # vLLM's alias
     with pytest.raises(ValueError, match="auto, fp8_e4m3, fp8_e5m2, int8, int4"):
         kv_cache_format("int3")
-    # head_dim 64 (SmolLM2): bf16 128 bytes; int8 64 + a 2-byte scale; int4 32 + scale and zero.
+    assert kv_cache_format("fp16") is KV_CACHE_FORMATS["float16"]
+    assert kv_cache_format("bf16") is KV_CACHE_FORMATS["bfloat16"]
+    # head_dim 64 (SmolLM2): bf16 128 bytes; int8 64 + a 2-byte scale; int4 32 + scale and zero;
+    # the 16-bit caches 128 whatever the model's dtype (a float32 model's cache halves).
     assert [KV_CACHE_FORMATS[n].bytes_per_token_head(64, 2) for n in KV_CACHE_FORMATS] == \
-        [128, 64, 64, 66, 36]
+        [128, 64, 64, 66, 36, 128, 128]
+    assert KV_CACHE_FORMATS["float16"].bytes_per_token_head(64, 4) == 128
 
 
 def test_calculated_scale_maps_the_batch_into_range():
