@@ -83,13 +83,13 @@ def start_server(server_args: list[str], threads: int | None = None,
     # A session of its own, ended whole by stop(): data-parallel ranks go with it.
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
-    banner = proc.stdout.readline()
-    match = re.search(r"on (http://[^ ]+)/v1", banner)
-    if not match:
-        proc.kill()
-        rest = proc.stdout.read()
-        raise RuntimeError(f"the server did not start: {banner}{rest}")
-    return proc, match.group(1), banner.strip()
+    before = []  # what it printed before its banner (a first use's kernel build, warnings)
+    for banner in proc.stdout:
+        if match := re.search(r"on (http://[^ ]+)/v1", banner):
+            return proc, match.group(1), banner.strip()
+        before.append(banner)
+    proc.kill()  # it ended without a banner
+    raise RuntimeError(f"the server did not start: {''.join(before)}")
 
 
 async def one_request(client, url: str, model: str, prompt: list[int], output_len: int,

@@ -9,7 +9,8 @@ measured limit (lesson 18):
   turns the codes into floats inside the registers; ``bf16_matmul`` is the same loop on bf16
   weights (the LM head above all); ``int8_matmul`` multiplies the int8 codes as they are
   stored (AVX-512: VNNI's ``vpdpbusd``, the rows written as 24-bit integers in three byte
-  planes).
+  planes); ``fp8_matmul`` turns each e4m3 code into an fp16 number with two integer operations
+  (a shift and an AND) and widens it with F16C's ``vcvtph2ps``, no table.
 - **the small ops of a layer**: RMSNorm (ten operators in the twin), the K/V write (a check
   and two indexed copies), rotary (three), and a decode step's attention (a gather of the
   blocks, a mask, two batched products and a softmax: ``paged_decode_attention`` reads the
@@ -35,6 +36,12 @@ fours), so that one 512-bit register holds 16 outputs x 2 inputs (32 bf16), the 
 - int4: ``[N / 16, K / 4, 32]`` bytes: byte ``2n + j`` of a 32-byte run holds the codes of
   output n, inputs ``4i + j`` (low nibble) and ``4i + 2 + j`` (high nibble); the scales and
   zero points in bf16, ``[N / 16, K / group, 16]``: the twin's bytes, reordered.
+- fp8: ``[N / 16, K, 16]`` e4m3 codes as uint8: per block of 16 outputs, input k's 16 codes in
+  a row, so that one load and one ``vcvtph2ps`` give the 16 outputs' weights for input k as
+  float32 (the fp8 product multiplies in float32 on every path, a bf16 x widened once: no
+  pairs). The scale per output in float32, NaN for a row that holds a NaN code (0x7F, 0xFF:
+  the kernel's conversion reads those as 1.875 x 2^8, a NaN scale makes the row's outputs NaN
+  as the twin's are, at no cost a product).
 """
 
 import contextlib
@@ -94,13 +101,17 @@ def _build_lock(built: str):
 
 
 def build_directory() -> str:
-    """Where torch's extension builder keeps the built kernels of these sources
-    (``TORCH_EXTENSIONS_DIR`` moves it)."""
+    """Where torch's extension builder keeps the built kernels of these sources: under
+    ``TORCH_EXTENSIONS_DIR`` when it is set, else under torch's cache in a folder per Python
+    version and device (torch's own rule)."""
     from torch.utils.cpp_extension import get_default_build_root
-    device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-    version = f"py{sys.version_info.major}{sys.version_info.minor}"  # torch's folder
-    return os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(),
-                        f"{version}{getattr(sys, 'abiflags', '')}_{device}", _extension_name())
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        version = f"py{sys.version_info.major}{sys.version_info.minor}"
+        root = os.path.join(get_default_build_root(),
+                            f"{version}{getattr(sys, 'abiflags', '')}_{device}")
+    return os.path.join(root, _extension_name())
 
 
 @functools.cache
@@ -110,7 +121,7 @@ def _build():
         from torch.utils.cpp_extension import load
         built = build_directory()
         name = os.path.basename(built)
-        if not os.path.isdir(built):  # say why the first use waits
+        if not os.path.exists(os.path.join(built, name + ".so")):  # why the first use waits
             log.warning("pagedllm: building the CPU kernels (first use: a minute or two on two "
                         "cores, then cached under %s)", built)
         with _build_lock(built):
@@ -198,6 +209,17 @@ def pack_int8(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     n, k = qw.shape
     packed = qw.qweight.reshape(n // 16, 16, k // 4, 4).transpose(1, 2).contiguous()
     return packed, qw.scales.float(), qw.qweight.sum(dim=1, dtype=torch.int32)
+
+
+def pack_fp8(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin's e4m3 codes in the kernel's layout (their bytes, reordered) and its scales in
+    float32 (exactly), NaN for a row holding a NaN code."""
+    n, k = qw.shape
+    codes = qw.qweight.view(torch.uint8)  # [N, K], the e4m3 bit patterns
+    packed = codes.reshape(n // 16, 16, k).transpose(1, 2).contiguous()  # [N/16, K, 16]
+    nan_rows = ((codes & 0x7F) == 0x7F).any(dim=1)  # [N]
+    scales = torch.where(nan_rows, torch.nan, qw.scales.float())  # [N]
+    return packed, scales
 
 
 def pack_int4(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -131,9 +131,11 @@ class DecodeStep:
         md = attn.metadata
         x = self.model.model.embed_tokens(token_ids)  # [S, hidden]
         cos, sin = rotary_tables(positions, self.inv_freq, x.dtype)  # [S, 1, head_dim]
-        x, residual = self.stack.forward(
-            x.contiguous(), cos.contiguous(), sin.contiguous(), attn.k_caches,
-            attn.v_caches, md.block_tables, md.seq_lens_cpu, md.slot_mapping)
+        # named for torch.profiler, which cannot see inside one C++ call (race_profile.py)
+        with torch.profiler.record_function("pagedllm::decode_layers"):
+            x, residual = self.stack.forward(
+                x.contiguous(), cos.contiguous(), sin.contiguous(), attn.k_caches,
+                attn.v_caches, md.block_tables, md.seq_lens_cpu, md.slot_mapping)
         return self.model.compute_logits(x, residual, attn.backend, logits_indices)
 
 

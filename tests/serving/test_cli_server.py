@@ -39,7 +39,9 @@ def test_python_m_pagedllm_serving_with_a_small_pool():
          "--kv-cache-dtype", "int8", "--uvicorn-log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        banner = server.stdout.readline()
+        # the banner; lines before it (a first use's kernel build notice) are passed over
+        banner = next((line for line in server.stdout if " serving " in line or "/v1" in line),
+                      "the server ended without a banner")
         match = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", banner)
         assert match, banner  # the default bind address is loopback
         url = match.group(1)

@@ -10,7 +10,7 @@ They skip only where the kernels did not build.
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pagedllm.kernels.cpu_ops import ISAS, cpu_extension, cpu_kernels, rotary_with_tables, use_isa
@@ -133,6 +133,7 @@ def test_decode_attention_refuses_a_length_or_block_outside_the_cache(path, dtyp
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 9), hidden=st.sampled_from([16, 64, 576, 7, 40]),
        scale=st.floats(1e-3, 1e3), residual=st.booleans(), seed=st.integers(0, 2**16))
+@example(rows=7, hidden=576, scale=25.0, residual=True, seed=1997)  # two bf16 steps, scalar path
 def test_rms_norm_makes_the_twins_roundings(path, dtype, rows, hidden, scale, residual, seed):
     """Widths of whole vectors and of a tail (7, 40: under 16, and 8 past two 16s)."""
     g = torch.Generator().manual_seed(seed)
@@ -147,10 +148,11 @@ def test_rms_norm_makes_the_twins_roundings(path, dtype, rows, hidden, scale, re
     assert normed.dtype == dtype
     if r is not None:
         assert torch.equal(new_residual, want_residual)
-    # the same roundings; the float32 sum of squares may end in another last bit, which
-    # moves a bf16 output by at most one bf16 step, a float32 one by a few float32 steps
+    # the same roundings; the float32 sum of squares may end in another last bit, which can
+    # move the bf16 `normed` by one step (2^-7 of it) before the product with the weight rounds
+    # again: at most 2^-6 of the output in bf16 (seen: 2^-6.7), a few float32 steps in float32
     torch.testing.assert_close(normed.float(), want_normed.float(), atol=0,
-                               rtol=2**-7 if dtype == torch.bfloat16 else 2**-20)
+                               rtol=2**-6 if dtype == torch.bfloat16 else 2**-20)
 
 
 def test_the_rms_norm_wrapper_is_the_twin(dtype):
@@ -230,7 +232,7 @@ def test_a_build_that_died_mid_way_does_not_hang_the_next_process(tmp_path):
 
     from pagedllm.kernels.cpu_ops import build_directory
     built = build_directory()
-    moved = tmp_path / os.path.relpath(built, os.path.dirname(os.path.dirname(built)))
+    moved = tmp_path / os.path.basename(built)
     shutil.copytree(built, moved)
     (moved / "lock").write_text("")
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
@@ -240,4 +242,5 @@ def test_a_build_that_died_mid_way_does_not_hang_the_next_process(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "path (this CPU runs up to" in run.stdout
     assert "left by a build that did not finish" in run.stderr
+    assert "building the CPU kernels" not in run.stderr  # found built: nothing compiled
     assert not (moved / "lock").exists()

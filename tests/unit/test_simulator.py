@@ -141,12 +141,13 @@ def test_trace_bad_input():
         synthetic_trace("dolly", 10, rate=1)
 
 
-def test_memory_map_figure_tiles_the_whole_space():
+def test_memory_map_figure_tiles_the_whole_space(monkeypatch):
     """The lesson's figure draws every slot exactly once, in the part the accounting says."""
     import importlib.util
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "lessons" / "figures" / "memory_map.py"
+    monkeypatch.syspath_prepend(str(script.parent))  # as when run: its folder's figlang.py
     spec = importlib.util.spec_from_file_location("memory_map", script)
     memory_map = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(memory_map)
