@@ -63,9 +63,9 @@ def _sample_indices(item: ScheduledSeq) -> list[int]:
 # --8<-- [start:sampling_row]
 def _sampling_row(item: ScheduledSeq, index: int, eos_token_id: int | None,
                   offset: int = 0) -> SamplingRow:
-    """The row as plain decoding would sample it; at a speculative run's row j, as if the
-    sequence already held its first j proposals (its output position, min_tokens and
-    penalties count them)."""
+    """The row as plain decoding would sample it; at a speculative run's row j, as if
+    the sequence already held its first j proposals (its output position, min_tokens
+    and penalties count them)."""
     group, seq, params = item.group, item.seq, item.group.sampling_params
     if group.is_beam_search:
         # beams are chosen from logprobs, not sampled
@@ -93,9 +93,9 @@ def _sampling_row(item: ScheduledSeq, index: int, eos_token_id: int | None,
 
 
 def _row_matcher(row: LogitsRow):
-    """The grammar's parser for a row: the sequence's own, or at a speculative run's row j
-    a fork of it that has taken the first j proposals (each of which it accepts: the engine
-    cut the proposals where the grammar refused one)."""
+    """The grammar's parser for a row: the sequence's own, or at a speculative run's
+    row j a fork of it that has taken the first j proposals (each of which it accepts:
+    the engine cut the proposals where the grammar refused one)."""
     matcher = row.item.seq.matcher
     if matcher is None or not row.offset:
         return matcher
