@@ -12,6 +12,11 @@ OPT-13B (40 layers, 40 heads of 128, fp16): 2 × 40 × 40 × 128 × 2 = 819,200 
 token, so one 2048-token request holds 1,600 MiB (the paper's "1.6 GB"). Grouped-query attention
 shrinks the kv_heads factor: Llama-3-8B keeps 8 KV heads for 32 query heads, 128 KiB per token.
 
+A sliding-window model (every layer reads the last W tokens, as Mistral-7B-v0.1's 4,096) gives
+back the blocks that fall out of the window, so a decoding sequence holds at most
+ceil(W / block_size) + 1 blocks, however long it is: Mistral-7B-v0.1 at 32,768 tokens costs
+the 257 blocks of 16 (4,112 tokens) of its window, not 2,048 blocks.
+
 The same arithmetic plans capacity. In a KV budget of M bytes, a contiguous cache that reserves
 the full context L for every sequence fits M / (L x bytes per token) sequences, however short
 they turn out; a paged cache holds only the tokens a sequence has (rounded up to whole blocks),
@@ -49,6 +54,7 @@ class KVSize:
     dtype_bytes: int
     max_len: int  # the model's maximum sequence length (max_position_embeddings)
     kv_cache_dtype: str = "auto"  # auto: dtype_bytes per element; else ops/kv_quant.py
+    sliding_window: int | None = None  # every layer reads the last W tokens; None: all
 
     @property
     def bytes_per_token_head(self) -> int:
@@ -66,6 +72,17 @@ class KVSize:
     @property
     def tokens_per_gib(self) -> int:
         return GIB // self.bytes_per_token
+
+    # --8<-- [start:held_tokens]
+    def held_blocks(self, num_tokens: int, block_size: int = 16) -> int:
+        """Blocks a decoding sequence of num_tokens tokens holds: all of them, or with a
+        sliding window at most ceil(W / block_size) + 1 (the window at any offset in its
+        blocks; the ones before it went back to the pool)."""
+        blocks = math.ceil(num_tokens / block_size)
+        if self.sliding_window is None:
+            return blocks
+        return min(blocks, math.ceil(self.sliding_window / block_size) + 1)
+    # --8<-- [end:held_tokens]
 # --8<-- [end:kv_size]
 
 
@@ -82,13 +99,17 @@ PRESETS = {  # name: (layers, kv_heads, head_dim, max_len)
     "llama-3.1-8b": (32, 8, 128, 131072),
     "llama-3-70b": (80, 8, 128, 8192),
     "llama-3.1-405b": (126, 8, 128, 131072),  # seed 003's 400B-class model
-    "mistral-7b": (32, 8, 128, 32768),
+    "mistral-7b": (32, 8, 128, 32768),  # v0.1: sliding window 4096 (SLIDING_WINDOWS)
     "qwen2.5-0.5b": (24, 2, 64, 32768),
     "qwen2.5-7b": (28, 4, 128, 32768),
     "qwen3-0.6b": (28, 8, 128, 40960),
     "qwen3-8b": (36, 8, 128, 40960),
     "smollm2-135m-instruct": (30, 3, 64, 8192),  # the real model pagedllm runs (registry.py)
 }
+
+
+# Presets whose every layer attends to a sliding window (config.json's sliding_window).
+SLIDING_WINDOWS = {"mistral-7b": 4096}
 
 
 def kv_size(model: str | Path, dtype: torch.dtype | str | None = None,
@@ -110,14 +131,19 @@ def kv_size(model: str | Path, dtype: torch.dtype | str | None = None,
     if str(model) in PRESETS:
         layers, kv_heads, head_dim, max_len = PRESETS[str(model)]
         item = torch.empty((), dtype=dtype or torch.float16).element_size()
-        return KVSize(str(model), layers, kv_heads, head_dim, item, max_len, kv_cache_dtype)
+        return KVSize(str(model), layers, kv_heads, head_dim, item, max_len, kv_cache_dtype,
+                      SLIDING_WINDOWS.get(str(model)))
     if str(model) == "" or not Path(model).exists():
         raise ValueError(f"{str(model)!r} is neither a preset nor a folder; presets: "
                          f"{', '.join(PRESETS)}")
     cfg = load_config(model)
     item = torch.empty((), dtype=dtype or cfg.dtype).element_size()
+    # One window over every layer frees blocks (the engine's SlidingWindowSpec); layers of
+    # mixed kinds are priced whole, as the engine keeps their blocks (one group) for now.
+    windows = set(cfg.sliding_windows)
+    window = windows.pop() if len(windows) == 1 else None
     return KVSize(Path(model).name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, item,
-                  cfg.max_position_embeddings, kv_cache_dtype)
+                  cfg.max_position_embeddings, kv_cache_dtype, window)
 
 
 def _parse_dtype(name: str) -> torch.dtype:
@@ -127,7 +153,7 @@ def _parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def describe(s: KVSize, tokens: int | None = None) -> str:
+def describe(s: KVSize, tokens: int | None = None, block_size: int = 16) -> str:
     if tokens is None:
         tokens = s.max_len
     _check_positive(tokens=tokens)  # 0 must not quietly become "the maximum"
@@ -136,14 +162,21 @@ def describe(s: KVSize, tokens: int | None = None) -> str:
         per_head = f"{s.head_dim} head dim x {s.dtype_bytes} bytes"
     else:
         per_head = f"{s.bytes_per_token_head} bytes per head ({s.kv_cache_dtype}, scales included)"
-    return "\n".join([
+    lines = [
         f"{s.name}: 2 (K and V) x {s.num_layers} layers x {s.num_kv_heads} KV heads "
         f"x {per_head}",
         f"  bytes per token: {s.bytes_per_token:,} ({s.bytes_per_token / 1024:,.1f} KiB)",
         f"  tokens per GiB:  {s.tokens_per_gib:,}",
         f"  {tokens:,} tokens: {total:,} bytes = {total / 2**20:,.0f} MiB "
         f"({total / GIB:.2f} GiB, {total / 1e9:.2f} GB)",
-    ])
+    ]
+    if s.sliding_window is not None:
+        held = s.held_blocks(tokens, block_size)
+        held_bytes = s.bytes_for(held * block_size)
+        lines.append(f"  sliding window {s.sliding_window:,}: a sequence holds at most {held:,} "
+                     f"blocks of {block_size} = {held_bytes:,} bytes = "
+                     f"{held_bytes / 2**20:,.0f} MiB, however long")
+    return "\n".join(lines)
 
 
 # --8<-- [start:capacity]
@@ -164,7 +197,8 @@ def paged_capacity(s: KVSize, memory_bytes: int, mean_tokens: int,
     _check_positive(memory_bytes=memory_bytes, mean_tokens=mean_tokens,
                     block_size=block_size)
     num_blocks = memory_bytes // s.bytes_for(block_size)
-    return num_blocks // math.ceil(mean_tokens / block_size)
+    # a window: at most its own blocks
+    return num_blocks // s.held_blocks(mean_tokens, block_size)
 
 
 def context_per_user(s: KVSize, memory_bytes: int, users: int) -> int:
@@ -281,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
                          "the model's maximum length")
     for model in args.models:
         s = kv_size(model, args.dtype, getattr(args, "kv_cache_dtype", "auto"))
-        text = describe(s, args.tokens)
+        text = describe(s, args.tokens, getattr(args, "block_size", 16))
         if planning is not None:  # computed before printing: bad input prints nothing
             text += "\n" + plan(s, planning, args.context, args.mean_tokens, args.block_size,
                                 args.users)

@@ -66,7 +66,8 @@ class LLMEngine:
         num_gpu_blocks = config.num_gpu_blocks or self.runner.profile_num_blocks()
         if config.kv_layout == "paged":
             self.kv = PagedKVCacheManager(config.block_size, num_gpu_blocks,
-                                          config.swap_space_blocks, config.enable_prefix_caching)
+                                          config.swap_space_blocks, config.enable_prefix_caching,
+                                          self.runner.get_kv_cache_spec(config.block_size))
         else:
             self.kv = ContiguousKVCacheManager(num_gpu_blocks * config.block_size,
                                                config.reservation_policy, config.max_model_len)

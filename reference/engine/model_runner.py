@@ -19,7 +19,7 @@ checks read (``config.py``), so that a tier refuses what it does not run at the 
 
 import torch
 
-from ..kv import CacheEngine, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from ..kv import CacheEngine, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from ..model import KVCacheQuant, PagedAttention
 from ..model.tensor_parallel import all_reduce_max, attention_heads
 from ..ops import REFERENCE_BACKEND, Backend, SamplerOutput, SamplingMetadata
@@ -58,14 +58,19 @@ class ModelRunner:
 
     # --8<-- [start:kv_cache]
     def get_kv_cache_spec(self, block_size: int) -> tuple[KVCacheGroupSpec, ...]:
-        """What this runner's layers cache, for blocks of block_size tokens: one group of
-        full-attention layers, with this rank's KV heads (vLLM's ``get_kv_cache_spec``)."""
+        """What this runner's layers cache, for blocks of block_size tokens, with this rank's
+        KV heads (vLLM's ``get_kv_cache_spec``): one group of every layer — a sliding window
+        where every layer slides over the same W (Mistral: its blocks out of the window go
+        back to the pool), else full attention (a layer with a window of its own still reads
+        only its window, but the pool keeps every block: one group per window is to come)."""
         cfg, config = self.config.model_config, self.config
         heads = attention_heads(cfg, self.rank, config.tensor_parallel_size)[1]
-        windows = set(cfg.sliding_windows)
-        spec = FullAttentionSpec(block_size, len(heads), cfg.head_dim, config.dtype,
-                                 config.kv_cache_dtype,
-                                 windows.pop() if len(windows) == 1 else None)
+        shape = (block_size, len(heads), cfg.head_dim, config.dtype, config.kv_cache_dtype)
+        windows = set(cfg.sliding_windows)  # one entry per layer, None for full attention
+        if len(windows) == 1 and None not in windows:
+            spec = SlidingWindowSpec(*shape, sliding_window=windows.pop())
+        else:
+            spec = FullAttentionSpec(*shape)
         return (KVCacheGroupSpec(tuple(range(cfg.num_layers)), spec),)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:

@@ -11,6 +11,14 @@ blocks (counts up); before a sequence writes into a block someone else also hold
 private copy (copy-on-write). When the GPU pool runs out, a sequence's blocks can be swapped out
 to a CPU pool and back.
 
+A sliding-window model (every layer attends to the last W tokens only, as Mistral's) does not
+need a block once every position in it lies before the window of the next token to compute:
+``remove_skipped_blocks`` gives such blocks back while the sequence runs, and the block table
+keeps the *null block* in their place (vLLM's ``null_block``), so that entry i still stands for
+positions [i * block_size, (i + 1) * block_size). The null block is never handed out and never
+written; its K/V rows stay zero, and attention's window mask discards what a kernel reads there.
+A sequence then holds at most ceil(W / block_size) + 1 blocks while it decodes, however long.
+
 The manager only does the bookkeeping; it moves no data. Where data must move it returns the
 block pairs ("copy block 7 to block 12", "swap GPU block 3 to CPU block 0") for the cache
 storage to carry out. Names follow vLLM's BlockSpaceManager.
@@ -35,11 +43,14 @@ from .prefix_cache import PrefixCache, block_key
 class BlockPool:
     """Physical blocks of one device: a free list and a reference count per block."""
 
-    def __init__(self, num_blocks: int, device: str):
+    def __init__(self, num_blocks: int, device: str, null_block: bool = False):
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks  # blocks it hands out (the null block is not one)
         self.device = device
+        # The placeholder of a block given back early (sliding window): the id past the
+        # others, never in the free list, never shared or released.
+        self.null_block: int | None = num_blocks if null_block else None
         self.ref_counts = [0] * num_blocks
         # Free blocks, oldest first (at the start lowest ids first: block tables read
         # easily). An OrderedDict is a doubly linked list with an index, like vLLM's
@@ -68,11 +79,13 @@ class BlockPool:
 
     # --8<-- [start:ref_counts]
     def share(self, block: int) -> None:
+        assert block != self.null_block, "the null block is never shared"
         assert self.ref_counts[block] > 0, (
             f"sharing {self.device} block {block}, which is free")
         self.ref_counts[block] += 1
 
     def release(self, block: int) -> None:
+        assert block != self.null_block, "the null block is never released"
         assert self.ref_counts[block] > 0, f"{self.device} block {block} freed twice"
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
@@ -89,6 +102,14 @@ class BlockTable:
     device: str = "gpu"  # "gpu" while runnable, "cpu" while swapped out
     keys: list[str] = field(default_factory=list)  # prefix-cache keys of its leading full blocks
     num_cached_tokens: int = 0  # tokens whose K/V came from the prefix cache at allocation
+    # Leading entries given back (out of a sliding window): placeholders, the null block's id
+    # on the device; they move, are shared and are freed with nothing.
+    num_skipped_blocks: int = 0
+
+    @property
+    def held(self) -> list[int]:
+        """The blocks the sequence really holds (not the placeholders)."""
+        return self.blocks[self.num_skipped_blocks:]
 
 
 # --8<-- [start:manager]
@@ -96,11 +117,19 @@ class BlockSpaceManager:
     """Allocates, shares, copies on write and swaps the blocks of sequences, by sequence id."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
-                 enable_prefix_caching: bool = False):
+                 enable_prefix_caching: bool = False, sliding_window: int | None = None):
+        """sliding_window: every layer reads only the last W tokens, so blocks wholly before
+        the window go back to the pool (``remove_skipped_blocks``); None: full attention,
+        every block is held until the sequence ends."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(
+                sliding_window, int) or sliding_window < 1):
+            raise ValueError(f"sliding_window must be None or an integer >= 1, got "
+                             f"{sliding_window!r}")
         self.block_size = block_size
-        self.gpu = BlockPool(num_gpu_blocks, "gpu")
+        self.sliding_window = sliding_window
+        self.gpu = BlockPool(num_gpu_blocks, "gpu", null_block=sliding_window is not None)
         self.cpu = BlockPool(num_cpu_blocks, "cpu")
         self.tables: dict[int, BlockTable] = {}
         self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
@@ -123,7 +152,10 @@ class BlockSpaceManager:
         if self.prefix_cache is None or not token_ids:
             return needed
         reused = self.prefix_cache.lookup(token_ids)
-        return needed - sum(1 for _, block in reused if self.gpu.ref_counts[block] > 0)
+        skip = self.num_skipped_blocks_at(len(reused) * self.block_size)
+        # skipped hits cost nothing (the null block stands in); held hits are shared
+        return needed - skip - sum(1 for _, block in reused[skip:]
+                                   if self.gpu.ref_counts[block] > 0)
 
     def can_allocate(self, num_tokens: int, token_ids: list[int] | None = None) -> bool:
         return self.num_new_blocks(num_tokens, token_ids) <= self.gpu.num_free
@@ -153,8 +185,11 @@ class BlockSpaceManager:
         reused = []
         if self.prefix_cache and token_ids:
             reused = self.prefix_cache.lookup(token_ids)
-        blocks = []
-        for _, block in reused:
+        # A sliding window computes from the first uncached token on: the hits wholly before
+        # its window are never read, so the null block stands in for them (nothing taken).
+        skip = self.num_skipped_blocks_at(len(reused) * self.block_size)
+        blocks = [self.gpu.null_block] * skip
+        for _, block in reused[skip:]:
             if self.gpu.ref_counts[block] == 0:  # freed but still cached: take it back
                 self.gpu.take(block)
             else:  # in use by another sequence right now: share it
@@ -162,7 +197,8 @@ class BlockSpaceManager:
             blocks.append(block)
         blocks += [self._new_block(self.gpu) for _ in range(needed - len(reused))]
         table = BlockTable(blocks, num_tokens, keys=[key for key, _ in reused],
-                           num_cached_tokens=len(reused) * self.block_size)
+                           num_cached_tokens=len(reused) * self.block_size,
+                           num_skipped_blocks=skip)
         if reused:
             self.prefix_cache.record_hit(len(reused))
         self.tables[seq_id] = table
@@ -180,9 +216,41 @@ class BlockSpaceManager:
         for i in range(len(table.keys), num_computed // bs):
             parent = table.keys[-1] if table.keys else None
             table.keys.append(block_key(parent, token_ids[i * bs: (i + 1) * bs]))
-            self.prefix_cache.register(table.keys[-1], table.blocks[i])
+            if i >= table.num_skipped_blocks:  # a placeholder holds nothing to find
+                self.prefix_cache.register(table.keys[-1], table.blocks[i])
     # --8<-- [end:mark_computed]
 # --8<-- [end:manager]
+
+    # -- sliding window: give back what the window left behind --------------------------------
+    # --8<-- [start:remove_skipped_blocks]
+    def num_skipped_blocks_at(self, num_computed_tokens: int) -> int:
+        """Leading blocks no token still to compute reads, once num_computed_tokens are
+        computed: the next token, at position c = num_computed_tokens, reads keys at positions
+        > c - W, so a block is skipped when all of its positions are <= c - W."""
+        if self.sliding_window is None:
+            return 0
+        num_skipped_tokens = max(0, num_computed_tokens - self.sliding_window + 1)
+        return num_skipped_tokens // self.block_size  # whole blocks only
+
+    def remove_skipped_blocks(self, seq_id: int, num_computed_tokens: int) -> int:
+        """Give back the blocks that fell wholly out of the sliding window (vLLM's
+        ``remove_skipped_blocks``); the null block takes their place in the block table.
+        Returns how many were given back. A swapped-out sequence computes nothing: it keeps
+        what it has until it is back."""
+        table = self._lookup(seq_id)
+        if self.sliding_window is None or table.device != "gpu":
+            return 0
+        skip = min(self.num_skipped_blocks_at(num_computed_tokens), len(table.blocks))
+        freed = 0
+        for i in range(table.num_skipped_blocks, skip):
+            # Shared (a fork, a prefix hit) means one reference less; a prefix-cached block
+            # keeps its key while free, so a later prompt can still find it (lazy eviction).
+            self.gpu.release(table.blocks[i])
+            table.blocks[i] = self.gpu.null_block
+            freed += 1
+        table.num_skipped_blocks = max(table.num_skipped_blocks, skip)
+        return freed
+    # --8<-- [end:remove_skipped_blocks]
 
     # -- decode: one more slot ---------------------------------------------------------------
     # --8<-- [start:last_block_has_room]
@@ -277,10 +345,11 @@ class BlockSpaceManager:
         kept token return to the pool. A block the prefix cache knows is never cut: its key
         covers computed tokens only, which are never rejected."""
         table = self._table(seq_id, device="gpu")
-        if not len(table.keys) * self.block_size <= num_tokens <= table.num_tokens:
-            raise ValueError(f"sequence {seq_id} can keep between "
-                             f"{len(table.keys) * self.block_size} (its prefix-cached blocks) "
-                             f"and {table.num_tokens} (its slots) tokens, not {num_tokens}")
+        least = max(len(table.keys), table.num_skipped_blocks) * self.block_size
+        if not least <= num_tokens <= table.num_tokens:
+            raise ValueError(f"sequence {seq_id} can keep between {least} (its prefix-cached "
+                             f"blocks, and those its window gave back) and {table.num_tokens} "
+                             f"(its slots) tokens, not {num_tokens}")
         keep = self.blocks_needed(num_tokens)
         for block in reversed(table.blocks[keep:]):
             self.gpu.release(block)
@@ -293,8 +362,18 @@ class BlockSpaceManager:
         """Row of the flat slot pool holding this token's K/V (in the pool the sequence
         is in)."""
         table = self._lookup(seq_id)
+        self._check_in_window(seq_id, table, position)
         return table.blocks[position // self.block_size] * self.block_size + (
             position % self.block_size)
+
+    def _check_in_window(self, seq_id: int, table: BlockTable, position: int) -> None:
+        """The null block is never written: a position whose block was given back has no
+        slot."""
+        if position // self.block_size < table.num_skipped_blocks:
+            first = table.num_skipped_blocks * self.block_size
+            raise ValueError(f"position {position} of sequence {seq_id} fell out of its "
+                             f"sliding window of {self.sliding_window}: its block was "
+                             f"given back (positions below {first} have no slot)")
 
     def slot_mapping(self, seq_id: int, positions) -> list[int]:
         return [self.slot(seq_id, p) for p in positions]
@@ -307,10 +386,11 @@ class BlockSpaceManager:
         parent = self._table(parent_id, device="gpu")
         if child_id in self.tables:
             raise ValueError(f"sequence {child_id} already has blocks")
-        for block in parent.blocks:
+        for block in parent.held:  # the placeholders are nobody's
             self.gpu.share(block)
         self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens,
-                                           keys=list(parent.keys))
+                                           keys=list(parent.keys),
+                                           num_skipped_blocks=parent.num_skipped_blocks)
     # --8<-- [end:fork]
 
     # -- release ----------------------------------------------------------------------------
@@ -319,7 +399,7 @@ class BlockSpaceManager:
         table = self._lookup(seq_id)
         del self.tables[seq_id]
         pool = self.gpu if table.device == "gpu" else self.cpu
-        for block in reversed(table.blocks):  # deepest first: with prefix caching, the shared
+        for block in reversed(table.held):  # deepest first: with prefix caching, the shared
             pool.release(block)  # start of a prompt outlives the tails (evicted first)
     # --8<-- [end:free]
 
@@ -345,7 +425,7 @@ class BlockSpaceManager:
     def group_blocks(self, seq_ids: int | list[int], device: str) -> list[int]:
         """The distinct blocks the sequences hold on the device (a shared block once)."""
         ids = [seq_ids] if isinstance(seq_ids, int) else list(seq_ids)
-        return list(dict.fromkeys(b for i in ids for b in self._table(i, device).blocks))
+        return list(dict.fromkeys(b for i in ids for b in self._table(i, device).held))
 
     # --8<-- [start:move]
     def _move(self, seq_ids: int | list[int], src: BlockPool,
@@ -359,12 +439,13 @@ class BlockSpaceManager:
         seen = set()
         for seq_id in ids:
             table = self.tables[seq_id]
-            for block in table.blocks:
+            for block in table.held:  # the placeholders stay placeholders: nothing to move
                 if moved[block] in seen:
                     dst.share(moved[block])  # a further reference from within the group
                 seen.add(moved[block])
                 src.release(block)  # a block shared outside the group stays for the others
-            table.blocks = [moved[b] for b in table.blocks]
+            skip = table.num_skipped_blocks
+            table.blocks = table.blocks[:skip] + [moved[b] for b in table.held]
             table.device = dst.device
         return list(moved.items())
     # --8<-- [end:move]
@@ -392,6 +473,15 @@ class BlockSpaceManager:
 
     def num_tokens(self, seq_id: int) -> int:
         return self._lookup(seq_id).num_tokens
+
+    def num_skipped_blocks(self, seq_id: int) -> int:
+        """Leading entries of the sequence's block table that are placeholders (the null
+        block): blocks its sliding window gave back."""
+        return self._lookup(seq_id).num_skipped_blocks
+
+    def num_held_blocks(self, seq_id: int) -> int:
+        """Blocks the sequence holds, placeholders not counted."""
+        return len(self._lookup(seq_id).held)
 
     def num_cached_tokens(self, seq_id: int) -> int:
         """Leading tokens whose K/V the prefix cache supplied when the sequence was allocated."""

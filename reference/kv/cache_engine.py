@@ -12,6 +12,12 @@ A slot is one token's row of K (and of V) in the flat view [num_blocks * block_s
 head_dim]: slot = block * block_size + offset. The contiguous layout uses the same storage with
 blocks of one token, so a slab is a run of consecutive one-token blocks.
 
+A pool with a sliding-window group has one more block on the device, the null block (see
+``kv_cache_spec.py``): the placeholder block tables keep where the window gave a block back.
+It is allocated zero-filled like every block, never written (no slot maps into it, no move
+names it) and kept zero by ``fill_``, so any kernel that reads it reads finite zeros — which
+the window's mask then weighs by zero.
+
 A quantized pool (``kv_cache_dtype``, see ``ops/kv_quant.py``) stores its values in fewer bits.
 int8 and int4 also keep a scale per slot and KV head (int4: a scale and a zero), in tensors of
 the same block layout [num_blocks, block_size, kv_heads(, 2)]: every block move below moves
@@ -32,8 +38,14 @@ class CacheEngine:
                  num_gpu_blocks: int, num_cpu_blocks: int = 0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  backend: Backend = REFERENCE_BACKEND, kv_cache_dtype: str = "auto",
-                 calculate_kv_scales: bool = False):
+                 calculate_kv_scales: bool = False, null_block: int | None = None):
+        """num_gpu_blocks: the device tensors' rows, the null block's included (null_block,
+        its id, or None)."""
         fmt = kv_cache_format(kv_cache_dtype)
+        if null_block is not None and not 0 <= null_block < num_gpu_blocks:
+            raise ValueError(f"null_block {null_block} is not a block of the pool of "
+                             f"{num_gpu_blocks}")
+        self.null_block = null_block
 
         def pool(num_blocks: int, where, pin_memory: bool = False, scales: bool = False
                  ) -> list[torch.Tensor]:
@@ -43,6 +55,7 @@ class CacheEngine:
             else:
                 shape = (num_blocks, block_size, num_kv_heads, fmt.storage_head_dim(head_dim))
                 of = fmt.dtype_of(dtype)
+            # zeros: the null block (if any) must read as finite zeros from the start
             return [torch.zeros(shape, dtype=of, device=where, pin_memory=pin_memory)
                     for _ in range(num_layers)]
 
@@ -79,12 +92,17 @@ class CacheEngine:
         (group,) = kv_cache_config.kv_cache_groups
         spec = group.kv_cache_spec
         return cls(len(group.layer_ids), spec.num_kv_heads, spec.head_size, spec.block_size,
-                   kv_cache_config.num_blocks, kv_cache_config.num_cpu_blocks, spec.dtype,
-                   device, backend, spec.kv_cache_dtype, calculate_kv_scales)
+                   kv_cache_config.num_gpu_tensor_blocks, kv_cache_config.num_cpu_blocks,
+                   spec.dtype, device, backend, spec.kv_cache_dtype, calculate_kv_scales,
+                   kv_cache_config.null_block)
 
     def nbytes(self) -> int:
-        """Bytes of the device pool: values and scales."""
-        return sum(t.nbytes for pair in self.gpu_blocks for caches in pair for t in caches) + \
+        """Bytes of the device pool's blocks that hold tokens: values and scales. The null
+        block, if any, is left out: one block of zeros beside the pool the engine sized."""
+        def held(t: torch.Tensor) -> int:  # t: [rows, ...], the null block's row aside
+            rows = t.shape[0]
+            return t.nbytes // max(rows, 1) * (rows - (self.null_block is not None))
+        return sum(held(t) for pair in self.gpu_blocks for caches in pair for t in caches) + \
             sum(t.nbytes for t in (*self.quant.k_scales, *self.quant.v_scales)
                 if self.quant.scales_per_tensor)
 
@@ -116,8 +134,12 @@ class CacheEngine:
     # --8<-- [end:apply]
 
     def fill_(self, value: float) -> None:
-        """Overwrite every slot of the device pool (tests poison unused slots with NaN). An
-        integer pool cannot hold NaN: its values get the largest integer, its scales the value."""
+        """Overwrite every slot of the device pool (tests poison unused slots with NaN), except
+        the null block's, which stays zero: a kernel may read it, and the window's mask can
+        discard a zero but not a NaN (0 x NaN is NaN). An integer pool cannot hold NaN: its
+        values get the largest integer, its scales the value."""
         for k_caches, v_caches in self.gpu_blocks:
             for cache in (*k_caches, *v_caches):
                 cache.fill_(value if cache.is_floating_point() else torch.iinfo(cache.dtype).max)
+                if self.null_block is not None:
+                    cache[self.null_block].zero_()

@@ -3,7 +3,11 @@
 Two layouts behind the same verbs, so one scheduler drives either:
 
 - ``PagedKVCacheManager``: a BlockSpaceManager over a block pool (and a CPU pool to swap to). A
-  sequence takes blocks for its current tokens and one more whenever its last block fills.
+  sequence takes blocks for its current tokens and one more whenever its last block fills. For
+  a sliding-window model (its KV cache group's spec is a ``SlidingWindowSpec``), the blocks that
+  fall wholly out of the window go back as the sequence computes (after every step's tokens,
+  and before it books more: ``remove_skipped_blocks``), so that while it decodes it holds at
+  most ceil(W / block_size) + 1 blocks.
 - ``ContiguousKVCacheManager``: a ContiguousAllocator over one linear space. A sequence
   reserves, at admission, a slab for everything it may ever hold (policy max / pow2 / oracle);
   it never needs more, so it never waits for memory once running, but pays up front.
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from .block_manager import BlockSpaceManager
 from .contiguous_allocator import ContiguousAllocator
+from .kv_cache_spec import KVCacheGroupSpec, SlidingWindowSpec
 
 
 @dataclass
@@ -50,9 +55,22 @@ class PagedKVCacheManager:
     layout = "paged"
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
-                 enable_prefix_caching: bool = False):
+                 enable_prefix_caching: bool = False,
+                 kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()):
+        """kv_cache_groups: what the layers cache (the runner's ``get_kv_cache_spec``); none
+        given: full attention. One group for now: a model mixing windowed and full layers
+        needs one block table per group, which is still to come."""
+        if len(kv_cache_groups) > 1:
+            raise ValueError(f"kv_cache_groups: one group per pool is supported, got "
+                             f"{len(kv_cache_groups)} (layers of different attention kinds)")
+        spec = kv_cache_groups[0].kv_cache_spec if kv_cache_groups else None
+        if spec is not None and spec.block_size != block_size:
+            raise ValueError(f"kv_cache_groups: the spec's block_size {spec.block_size} is not "
+                             f"the pool's {block_size}")
+        self.kv_cache_spec = spec
+        window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
         self.manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
-                                         enable_prefix_caching)
+                                         enable_prefix_caching, sliding_window=window)
         self.block_size = block_size
         self.watermark_blocks = int(WATERMARK * num_gpu_blocks)
         self.num_cow_copies = 0
@@ -71,11 +89,24 @@ class PagedKVCacheManager:
         return self.manager.cpu.num_blocks - self.manager.num_free_cpu_blocks
 
     @property
+    def null_block(self) -> int | None:
+        """The placeholder id in a block table where the window gave a block back (None: this
+        pool's sequences hold every block to the end)."""
+        return self.manager.gpu.null_block
+
+    def num_held_blocks(self, seq) -> int:
+        """Blocks the sequence holds now, placeholders not counted (0: it holds none)."""
+        return self.manager.num_held_blocks(seq.seq_id) if self.manager.holds(seq.seq_id) else 0
+
+    @property
     def prefix_cache(self):
         return self.manager.prefix_cache
 
     def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
-        """Would `copies` sequences of num_tokens tokens, sharing nothing, overflow the pool?"""
+        """Would `copies` sequences of num_tokens tokens, sharing nothing, overflow the pool?
+        A sliding window does not lower this: admission books a sequence's whole prompt, and
+        a sequence preempted by recompute books all its tokens again when it is re-admitted
+        (its prefill computes them in one step unless the scheduler chunks it)."""
         return copies * self.manager.blocks_needed(num_tokens) > self.num_total_blocks
 
     def never_fits_beams(self, prompt_len: int, num_tokens: int, beam_width: int) -> bool:
@@ -105,9 +136,14 @@ class PagedKVCacheManager:
         return admitted
     # --8<-- [end:admit]
 
+    # --8<-- [start:mark_computed]
     def mark_computed(self, seq) -> None:
+        """The sequence's first seq.num_computed_tokens tokens are computed: their full blocks
+        become findable (prefix caching), then the blocks its window left behind go back."""
         if self.manager.prefix_cache is not None:  # else nothing is looked up later
             self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        self.manager.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
+    # --8<-- [end:mark_computed]
 
     def _slots_wanted(self, seq, num_new_tokens: int, num_lookahead_tokens: int) -> int:
         """Slots the sequence lacks for its computed tokens, this step's and the lookahead."""
@@ -135,7 +171,9 @@ class PagedKVCacheManager:
         seq.num_computed_tokens on, and num_lookahead_tokens more after them (tokens proposed
         but not yet accepted: speculative decoding; ``truncate_slots`` gives back the
         rejected ones). Slots the sequence already holds count. Returns the block pairs to
-        copy first where a block it writes into is shared (copy-on-write)."""
+        copy first where a block it writes into is shared (copy-on-write). Blocks out of a
+        sliding window go back first (vLLM's order: even if nothing more is booked)."""
+        self.manager.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
         copies = self.manager.copy_on_write(seq.seq_id, seq.num_computed_tokens)
         copy = self.manager.append_slots(
             seq.seq_id, max(self._slots_wanted(seq, num_new_tokens, num_lookahead_tokens), 0))
@@ -194,8 +232,11 @@ class PagedKVCacheManager:
         return self.manager.block_ids(seq.seq_id)
 
     def slot_mapping(self, seq, start: int, end: int) -> list[int]:
-        """Slots of the sequence's positions [start, end)."""
+        """Slots of the sequence's positions [start, end): never in the null block (a position
+        whose block the window gave back is not written again)."""
         blocks, bs = self.manager.block_ids(seq.seq_id), self.block_size
+        if start < end and start // bs < self.manager.num_skipped_blocks(seq.seq_id):
+            self.manager.slot(seq.seq_id, start)  # raises, naming the position and the window
         return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
     @property

@@ -41,3 +41,21 @@ def test_unknown_names_are_refused():
     with pytest.raises(ValueError, match="not a torch dtype"):
         kv_size("opt-13b", "fp17")
     assert len(PRESETS) >= 10
+
+
+def test_a_sliding_window_costs_at_most_its_window():
+    s = kv_size("mistral-7b")  # v0.1: every layer reads the last 4,096 tokens
+    assert s.sliding_window == 4096
+    assert s.held_blocks(32_768) == 4096 // 16 + 1 == 257  # not 2,048 blocks
+    assert s.held_blocks(100) == 7  # shorter than the window: its own blocks
+    assert kv_size("llama-3-8b").held_blocks(32_768) == 2048
+    out = subprocess.run([sys.executable, "-m", "pagedllm.reference.kv_size", "mistral-7b",
+                          "--tokens", "32768"], capture_output=True, text=True, check=True).stdout
+    assert "sliding window 4,096: a sequence holds at most 257 blocks of 16" in out
+    assert f"{257 * 16 * s.bytes_per_token:,} bytes" in out
+
+
+def test_a_windowed_checkpoint_is_priced_by_its_window(checkpoints):
+    s = kv_size(checkpoints["mistral"])  # window 16
+    assert s.sliding_window == 16 and s.held_blocks(200, block_size=4) == 5
+    assert kv_size(checkpoints["llama"]).sliding_window is None
