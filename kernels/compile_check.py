@@ -19,7 +19,8 @@ see each launch before it runs. The record phase runs the engine (the optimized 
 every model family in fp32, bf16 and fp16, prompts and decodes batched together, chunked prefill,
 prefix-cache hits, copy-on-write (n > 1 and beam search), a sliding window, every sampling option
 (greedy, top-k, top-p, min_p, seeds, logprobs, tokens blocked by min_tokens; the penalties and
-logit_bias through their own kernel), a head size that is not a power of two, and every
+logit_bias through their own kernel), speculative decoding (n-gram runs verified by their
+kernel), a head size that is not a power of two, and every
 quantized ``kv_cache_dtype`` (fp8 e4m3 and e5m2, int8, int4: store_kv's quantizing and
 attention's dequantizing paths). The lessons' Triton exercises (lessons/exercises: the kernels a
 learner writes for lessons 10 and 13) are compiled too, their solutions at the shapes of their
@@ -28,7 +29,8 @@ part of the package: they are loaded from the repository by path, where it has t
 calls the launchers directly at shapes of
 real models that the tiny checkpoints do not have: heads 64 to 256 wide, flash-decoding's split
 forced on (``num_splits=``) and chosen by the launcher for a 530-token context, wide rows and
-vocabularies (with a structured output's token bitmask: its kernel runs before the sampler's).
+vocabularies (with a structured output's token bitmask: its kernel runs before the sampler's),
+speculative verification at every tile width up to 64 proposals.
 Those calls matter twice: interpreting a 530-token prefill through the engine would
 take minutes, and on a GPU the engine hands paged attention device-side lengths, so its launcher
 picks tiles and splits from bounds rather than from the exact maxima it sees here.
@@ -525,6 +527,33 @@ def _real_sampling_shapes():
     random_uniform(torch.tensor([1, 2]), torch.tensor([0, 7]), 300)
 
 
+def _speculative_decoding(path, dtype):
+    """n-gram speculation: runs of proposals verified by the accepted_lengths kernel (the
+    engine's launch: runs gathered from the step's sampled tokens), some accepted, some
+    rolled back. The prompts are ones whose greedy continuations on the tiny llama3 (seed 0)
+    repeat their own tokens, [217, 12, 217, 12, ...] and [42, 42, 42, ...], so the n-gram
+    lookup hits."""
+    from pagedllm.optimized import SamplingParams as P
+    llm = _llm(path, dtype, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                "prompt_lookup_max": 2})
+    llm.generate([{"prompt_token_ids": [90, 34, 125, 32, 182, 130, 112, 12]},
+                  {"prompt_token_ids": [62, 159, 79, 159, 25, 183, 225, 134]}],
+                 P(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+
+
+def _spec_decode_shapes():
+    """Verification at every tile width a num_speculative_tokens in [1, 64] gives (BLOCK_K 1 to
+    64), contiguous runs and runs sliced out of wider buffers (strides not multiples of 16)."""
+    import torch
+
+    from pagedllm.kernels.spec_decode import accepted_lengths
+    for K in (1, 2, 3, 7, 16, 31, 64):
+        target = torch.randint(0, 4, (3, K + 1))
+        accepted_lengths(target, target[:, :K].clone(), torch.tensor([K, K // 2, 0]))
+    wide = torch.randint(0, 4, (3, 40))
+    accepted_lengths(wide[:, :17], wide[:, 20:36], torch.tensor([16, 3, 9]))
+
+
 def _exercise_shapes():
     """The lessons' Triton exercises (their solutions): lesson 10's paged decode and lesson 13's
     store_kv, at their tests' shapes (fp32, blocks of 4, small heads) and at real models' (bf16
@@ -598,6 +627,10 @@ def record_cases(matrix: str = "full") -> list[Case]:
              _direct(lambda: _quantized_attention_shapes(full)), 30.0 if full else 4.0),
         Case("direct: small ops at real widths", None, _direct(_real_small_op_shapes), 2.0),
         Case("direct: sampling at real vocabularies", None, _direct(_real_sampling_shapes), 1.0),
+        Case("direct: speculative decoding's verification", None,
+             _direct(_spec_decode_shapes), 1.0),
+        Case("engine llama3 bfloat16: speculative decoding (n-gram)", "llama3",
+             lambda p: _speculative_decoding(p, "bfloat16"), 3.0),
         Case("direct: weight-only quantized products", None,
              _direct(lambda: _quant_linear_shapes(full)), 3.0),
     ]

@@ -33,32 +33,6 @@ from .cuda_graphs import CudaGraphs, DeviceAttention
 from .decode_step import DecodeStep
 from .quant_layers import pack_linears_for_cpu, triton_quantized_linears
 
-CPU_KERNEL_SCHEMES = ("int8", "int4")  # the weight formats kernels/cpu/quant_linear.cpp takes
-
-
-def _held_out(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
-    """The quantized layers in a format the CPU kernels do not take (fp8: no C++ product is
-    written yet), each replaced by a placeholder while the others are packed."""
-    from pagedllm.reference.model.quantization import QuantizedLinear
-    held = []
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if isinstance(child, QuantizedLinear) and \
-                    child.quantized.scheme not in CPU_KERNEL_SCHEMES:
-                held.append((parent, name, child))
-                setattr(parent, name, torch.nn.Identity())
-    return held
-
-
-def cpu_linears(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``pack_linears_for_cpu`` for the formats the C++ kernels take; an fp8 layer keeps the
-    reference twin (e4m3 dequantized, then torch's product) until kernels/cpu has one."""
-    held = _held_out(model)
-    pack_linears_for_cpu(model, dtype)
-    for parent, name, layer in held:
-        setattr(parent, name, layer)
-    return model
-
 
 # --8<-- [start:swap_blocks]
 def swap_blocks(src: torch.Tensor, dst: torch.Tensor,
@@ -97,7 +71,7 @@ CPU_BACKEND = Backend(
     copy_blocks=copy_blocks, swap_blocks=swap_blocks_reference,
     rms_norm=cpu_ops.rms_norm, rotary=cpu_rotary,
     silu_and_mul=cpu_ops.silu_and_mul, sample=sample,
-    process_weights=cpu_linears, whole_step=DecodeStep.for_runner)
+    process_weights=pack_linears_for_cpu, whole_step=DecodeStep.for_runner)
 
 
 def select_backend(device: torch.device) -> Backend:
@@ -121,6 +95,8 @@ def describe(backend: Backend, dtype: torch.dtype) -> dict[str, str]:
         report = {op: f"Triton kernel (kernels/{op}.py), {where}"
                   for op in ("store_kv", "paged_attention", "copy_blocks", "rms_norm", "rotary",
                              "silu_and_mul", "sample")}
+        report["accepted_lengths"] = (f"Triton kernel (kernels/spec_decode.py): speculative "
+                                      f"decoding's verification, {where}")
         report["linear"] = (f"int8/int4/fp8/GGUF: Triton kernel dequantizing in registers "
                             f"(kernels/quant_linear.py), {where}; float weights: torch "
                             f"(cuBLAS on CUDA)")
@@ -168,6 +144,7 @@ def _describe_cpu(dtype: torch.dtype) -> dict[str, str]:
 def _cpu_common(dtype: torch.dtype, isa: str | None) -> dict[str, str]:
     return {"silu_and_mul": "ATen's silu and mul (the twin): one pass each already",
             "sample": "the torch twin: vectorized already",
+            "accepted_lengths": "the torch twin: a few integers per speculative run",
             "copy_blocks, swap_blocks": "the torch twins: copies, not kernels",
             "linear": _cpu_linear(dtype, isa)}
 
@@ -176,9 +153,8 @@ def _cpu_linear(dtype: torch.dtype, isa: str | None) -> str:
     if isa is None or dtype not in cpu_ops.FLOATS:
         why = cpu_ops.cpu_kernels_status() if isa is None else f"a {dtype} model"
         return (f"F.linear for float weights; int8/int4/GGUF: torch's weight-only kernels or "
-                f"the twin ({why}); fp8: the twin")
+                f"the twin ({why}); fp8: the twin (torch has no weight-only e4m3 kernel)")
     dense = "bf16 weights too" if dtype == torch.bfloat16 else "float weights: BLAS (F.linear)"
-    return (f"int8, int4 and GGUF blocks: C++ kernels, {isa} path "
+    return (f"int8, int4, fp8 and GGUF blocks: C++ kernels, {isa} path "
             f"(kernels/cpu/quant_linear.cpp); {dense}; packed once after loading "
-            f"(optimized/quant_layers.py); fp8: the twin (e4m3 dequantized, then torch's "
-            f"product: no C++ fp8 kernel yet)")
+            f"(optimized/quant_layers.py)")

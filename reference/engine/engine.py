@@ -32,7 +32,7 @@ import torch
 from ..kv import ContiguousKVCacheManager, KVCacheConfig, PagedKVCacheManager
 from ..model.loader import load_tokenizer
 from ..model.quantization import float_linears, weight_bytes
-from ..spec_decode import NgramProposer
+from ..spec_decode.propose import make_proposer, propose
 from .beam_search import BeamSearchParams
 from .client import ModelLimits
 from .config import EngineArgs, EngineConfig
@@ -82,7 +82,9 @@ class LLMEngine:
         self.vocab_size = config.model_config.vocab_size
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
         self.output_processor = OutputProcessor(tokenizer, eos_token_id, config.max_model_len)
-        self.scheduler = Scheduler(config.scheduler_config, self.kv, self.output_processor)
+        # speculative runs are verified by the runner's backend (a kernel where it has one)
+        self.scheduler = Scheduler(config.scheduler_config, self.kv, self.output_processor,
+                                   verify_op=self.runner.backend.accepted_lengths)
         # structured outputs: requests wait there while their grammar compiles
         self.grammars = GrammarAdmission(self.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
@@ -92,7 +94,8 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.step_observers: list[StepObserver] = []
         self.weight_bytes = weight_bytes(self.runner.model)  # once: the weights never change
-        self.proposer = self._make_proposer(config)  # None without speculative_config
+        # None without speculative_config
+        self.proposer = make_proposer(config, self.kv.num_total_blocks)
         self.num_steps = 0  # engine steps run (the benchmarks' steps per output token)
 
     @classmethod
@@ -235,38 +238,11 @@ class LLMEngine:
         return outputs
     # --8<-- [end:step]
 
-    # -- speculative decoding ------------------------------------------------------------------
-    def _make_proposer(self, config: EngineConfig):
-        spec = config.speculative_config
-        if spec is None:
-            return None
-        if spec.method == "ngram":
-            return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_max,
-                                 spec.prompt_lookup_min)
-        from ..spec_decode.draft import DraftModelProposer  # loads the draft's weights
-        return DraftModelProposer(config, self.kv.num_total_blocks)
-
-    # --8<-- [start:propose]
     def _propose(self) -> None:
-        """Proposals for every running sequence that decodes, into seq.spec_token_ids: at
-        most num_speculative_tokens, and none past max_tokens or max_model_len (the run's
-        last row would be wasted); with a grammar, cut at the first token it refuses."""
-        if self.proposer is None:
-            return
-        k_max = self.config.speculative_config.num_speculative_tokens
-        wanted = []
-        for group in self.scheduler.running:
-            for seq in group.unfinished_seqs():
-                seq.spec_token_ids = []
-                if group.is_beam_search or seq.is_prefill:
-                    continue
-                k = min(k_max, group.sampling_params.max_tokens - len(seq.output_token_ids) - 1,
-                        self.config.max_model_len - len(seq) - 1)
-                if k > 0:
-                    wanted.append((group, seq, k))
-        for (_, seq, k), proposals in zip(wanted, self.proposer.propose(wanted), strict=True):
-            seq.spec_token_ids = _grammar_prefix(seq, proposals[:k])
-    # --8<-- [end:propose]
+        """Each running decode's proposed next tokens (spec_decode/propose.py), which the
+        scheduler books as lookahead slots and the step verifies."""
+        if self.proposer is not None:
+            propose(self.proposer, self.scheduler.running, self.config)
 
     def _fail_step(self, sched: SchedulerOutput | None) -> None:
         """Finish the failed step's requests with an error and free their memory. Which
@@ -316,17 +292,3 @@ class LLMEngine:
             **(self.scheduler.spec_metrics.stats() if self.proposer is not None else {}),
         }
 
-
-def _grammar_prefix(seq: Sequence, proposals: list[int]) -> list[int]:
-    """The longest prefix of the proposals the sequence's grammar accepts, token by token
-    (all of them without a grammar). A token that would complete it is left to the target
-    (no row may follow a finished grammar: it has no next-token mask)."""
-    if seq.matcher is None or not proposals:
-        return proposals
-    fork = seq.matcher.fork()
-    kept = []
-    for token in proposals:
-        if not fork.accept_token(token) or fork.is_terminated():
-            break
-        kept.append(token)
-    return kept

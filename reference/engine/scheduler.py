@@ -32,9 +32,10 @@ finished freed. vLLM V1's ``Scheduler.update_from_output``; nano-vllm's ``postpr
 """
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..ops.spec_decode import verify_runs
+from ..ops.spec_decode import accepted_lengths, verify_runs
 from ..spec_decode.metrics import SpecDecodeMetrics
 from .beam_step import beam_step
 from .output_processor import OutputProcessor
@@ -91,7 +92,8 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv,
-                 output_processor: OutputProcessor | None = None):
+                 output_processor: OutputProcessor | None = None,
+                 verify_op: Callable = accepted_lengths):
         self.config = config
         self.kv = kv  # PagedKVCacheManager or ContiguousKVCacheManager: bookkeeping only
         # the sampled tokens' text, stops and grammars (update_from_output)
@@ -102,6 +104,9 @@ class Scheduler:
         self.swapped: list[SequenceGroup] = []
         self.counters = Counter()  # preemptions by mode, swaps, prefill and decode tokens
         self.spec_metrics = SpecDecodeMetrics()  # proposals made and kept
+        # speculative runs are verified by the runner's backend (its accepted_lengths: the
+        # torch twin, or the Triton kernel on the GPU where the sampled tokens are)
+        self.verify_op = verify_op
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
@@ -160,7 +165,8 @@ class Scheduler:
             seq = row.item.seq
             if row.sample_index != seq.index and seq.seq_id not in samples:
                 samples[seq.seq_id] = self._fork_samples(row.item.group, seq)
-        accepted = self._verify(output.rows, tokens)  # first row of a run -> proposals kept
+        # first row of a run -> proposals kept (verified where the sampler left the tokens)
+        accepted = self._verify(output.rows, sampled.token_ids)
         beam_rows: dict[SequenceGroup, list[int]] = {}
         for r, row in enumerate(output.rows):
             group, seq = row.item.group, row.item.seq
@@ -193,15 +199,16 @@ class Scheduler:
             beam_step(group, output.logits[rows], self.kv, self.output_processor.eos_token_id,
                       self.output_processor.max_model_len)
 
-    def _verify(self, rows: list, tokens: list[int]) -> dict[int, int]:
+    def _verify(self, rows: list, token_ids) -> dict[int, int]:
         """Speculative runs: {first row: proposals accepted}, by the exact rule
         (ops/spec_decode.py): proposal j is kept while it equals the token the target drew
-        at row j. A run's rows are consecutive, offsets 0..k."""
+        at row j. A run's rows are consecutive, offsets 0..k; token_ids [S] is the sampler's
+        tensor."""
         firsts = [r for r, row in enumerate(rows) if row.offset == 0
                   and row.item.spec_token_ids]
         drafts = [rows[r].item.spec_token_ids for r in firsts]
-        targets = [tokens[r:r + len(d) + 1] for r, d in zip(firsts, drafts, strict=True)]
-        accepted = dict(zip(firsts, verify_runs(targets, drafts), strict=True))
+        kept = verify_runs(token_ids, firsts, drafts, self.verify_op)
+        accepted = dict(zip(firsts, kept, strict=True))
         for r, draft in zip(firsts, drafts, strict=True):
             self.spec_metrics.observe(len(draft), accepted[r])
             self.counters["decode_tokens"] += accepted[r]  # computed: their K/V are kept

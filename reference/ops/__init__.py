@@ -17,6 +17,7 @@ from .kv_quant import KV_CACHE_DTYPES, KVCacheFormat, dequantize_kv, kv_cache_fo
 from .layernorm import rms_norm
 from .rotary import rotary
 from .sampling import SamplerOutput, SamplingMetadata, sample
+from .spec_decode import accepted_lengths
 
 
 def keep_weights(model, dtype):
@@ -46,6 +47,8 @@ class Backend:
     rotary: Callable = rotary
     silu_and_mul: Callable = silu_and_mul
     sample: Callable = sample
+    # speculative decoding's verification: proposals kept per run (spec_decode.py)
+    accepted_lengths: Callable = accepted_lengths
     process_weights: Callable = keep_weights  # (model, dtype) -> model
     attention_context: type | None = None
     whole_step: Callable | None = None  # (runner) -> a step object, or None
@@ -54,6 +57,7 @@ class Backend:
 REFERENCE_BACKEND = Backend()
 
 __all__ = ["Backend", "KVCacheFormat", "KV_CACHE_DTYPES", "REFERENCE_BACKEND", "SamplerOutput",
-           "SamplingMetadata", "causal_attention", "copy_blocks", "dequantize_kv", "gather_kv",
-           "keep_weights", "kv_cache_format", "paged_attention", "quantize_kv", "rms_norm",
-           "rotary", "sample", "silu_and_mul", "store_kv", "swap_blocks"]
+           "SamplingMetadata", "accepted_lengths", "causal_attention", "copy_blocks",
+           "dequantize_kv", "gather_kv", "keep_weights", "kv_cache_format", "paged_attention",
+           "quantize_kv", "rms_norm", "rotary", "sample", "silu_and_mul", "store_kv",
+           "swap_blocks"]

@@ -15,6 +15,8 @@ token the ones plain decoding would have produced, greedy or seeded — not mere
 same distribution (a rejection sampler, vLLM's, keeps only the distribution).
 """
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -32,15 +34,24 @@ def accepted_lengths(target_ids: torch.Tensor, draft_ids: torch.Tensor,
 # --8<-- [end:verify]
 
 
-def verify_runs(target_ids: list[list[int]], draft_ids: list[list[int]]) -> list[int]:
-    """The rule over plain lists (one run per sequence, len(target) == len(draft) + 1),
-    through the tensor op: the scheduler's call."""
-    if not target_ids:
+def verify_runs(token_ids: torch.Tensor, first_rows: list[int], draft_ids: list[list[int]],
+                accepted_lengths: Callable = accepted_lengths) -> list[int]:
+    """The scheduler's call: token_ids [S] are the step's sampled tokens, where the sampler
+    left them (on the GPU on CUDA); run b's k_b + 1 rows are first_rows[b], first_rows[b] + 1,
+    ... and draft_ids[b] its k_b proposals. Returns each run's accepted count.
+
+    The runs are gathered into the op's padded [B, K + 1] / [B, K] form on token_ids' device,
+    and ``accepted_lengths`` (the backend's op: this twin, or the Triton kernel on CUDA)
+    verifies them there: one launch over the step's runs, and only the B counts come back."""
+    if not first_rows:
         return []
-    K = max(len(d) for d in draft_ids)
-    target = torch.tensor([t + [-1] * (K + 1 - len(t)) for t in target_ids],
-                          dtype=torch.int64)  # [B, K + 1]
-    draft = torch.tensor([d + [-2] * (K - len(d)) for d in draft_ids],
-                         dtype=torch.int64).reshape(len(draft_ids), K)  # [B, K]
-    num = torch.tensor([len(d) for d in draft_ids], dtype=torch.int64)  # [B]
+    B, K = len(draft_ids), max(len(d) for d in draft_ids)
+    device = token_ids.device
+    rows = torch.tensor(first_rows)[:, None] + torch.arange(K + 1)  # [B, K + 1]
+    # a shorter run's padding rows may run past the last row: they are never compared
+    rows = rows.clamp(max=token_ids.shape[0] - 1).to(device)  # [B, K + 1]
+    target = token_ids.long()[rows]  # [B, K + 1]
+    draft = torch.tensor([d + [-1] * (K - len(d)) for d in draft_ids],
+                         dtype=torch.int64).reshape(B, K).to(device)  # [B, K]
+    num = torch.tensor([len(d) for d in draft_ids], dtype=torch.int64).to(device)  # [B]
     return accepted_lengths(target, draft, num).tolist()

