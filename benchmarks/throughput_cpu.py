@@ -123,7 +123,7 @@ SYSTEMS = ("optimized", "paged_continuous", "contiguous_static", "hf_generate",
 # Weight precisions our systems run in (--precision): the float dtypes, and the weight
 # quantizations (their activations bf16); transformers runs each float dtype requested, and
 # bf16 as well when a quantization is (its fastest precision for the comparison).
-PRECISIONS = ("float32", "bfloat16", "int8", "int4", "gguf")
+PRECISIONS = ("float32", "bfloat16", "int8", "int4", "fp8", "gguf")
 HF_SYSTEMS = ("hf_generate", "hf_generate_batch")
 LABELS = {
     "optimized": "ours, optimized tier: paged + continuous",

@@ -29,10 +29,10 @@ from pagedllm.reference.ops import Backend
 
 from .attention import _decodes_only, rotary_tables
 from .layers import MergedLlamaAttention, MergedLlamaMLP, TransposedLinear
-from .quant_layers import PackedBF16Linear, PackedInt4Linear, PackedInt8Linear
+from .quant_layers import PackedBF16Linear, PackedFp8Linear, PackedInt4Linear, PackedInt8Linear
 
 NONE = torch.empty(0)  # a Product's tensor that its kind does not use
-PACKED = (PackedInt8Linear, PackedInt4Linear, PackedBF16Linear)
+PACKED = (PackedInt8Linear, PackedInt4Linear, PackedFp8Linear, PackedBF16Linear)
 PRODUCTS = (*PACKED, TransposedLinear)  # what _product takes
 DTYPES = (torch.bfloat16, torch.float32)  # the models the stack runs
 
@@ -46,6 +46,8 @@ def _product(ext, module):
     if isinstance(module, PackedInt4Linear):
         return ext.Product("int4", module.packed, module.scales, module.zeros, module.bias,
                            module.group_size)
+    if isinstance(module, PackedFp8Linear):
+        return ext.Product("fp8", module.packed, module.scales, NONE, module.bias, 0)
     return ext.Product("bf16", module.packed, NONE, NONE, module.bias, 0)  # PackedBF16Linear
 
 

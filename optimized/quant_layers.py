@@ -10,8 +10,9 @@ without native bf16 computes in, since emulated bf16 costs more than the bytes i
 
 What ``pack_linears_for_cpu`` swaps in, by the model's dtype:
 
-- **bf16 or float32, the extension built**: int8 and int4 layers on our kernels
-  (``PackedInt8Linear``, ``PackedInt4Linear``), and for a bf16 model its float layers too
+- **bf16 or float32, the extension built**: int8, int4 and fp8 layers on our kernels
+  (``PackedInt8Linear``, ``PackedInt4Linear``, ``PackedFp8Linear``), and for a bf16 model its
+  float layers too
   (``PackedBF16Linear``; a tied LM head's packed table also serves the input embedding: one
   copy, as before). A float32 model's float layers stay ``F.linear`` (BLAS is fast there).
 - **no extension, or a shape the kernels do not take** (outputs or inputs not a multiple of
@@ -20,7 +21,8 @@ What ``pack_linears_for_cpu`` swaps in, by the model's dtype:
   at a time too, so an int4 shape it refuses stays the twin); a float32 model keeps the twin,
   since torch's kernels with float32 activations fall back to a path several times slower
   than a float32 product. An fp16 model always takes torch's kernels (ours take bf16 and
-  float32).
+  float32). An fp8 layer without our kernel keeps the twin: torch has no weight-only e4m3
+  product on the CPU.
 
 Measured on SmolLM2-135M's decode step (``benchmarks/cpu_kernels.py --model
 smollm2-135m-instruct``, one thread, every product of a step one after the other, weights from
@@ -53,6 +55,7 @@ from torch import nn
 from pagedllm.kernels.cpu_ops import (
     cpu_kernels,
     pack_bf16,
+    pack_fp8,
     pack_int4,
     pack_int8,
     packable,
@@ -149,6 +152,22 @@ class PackedInt8Linear(nn.Module):
         return _finish(out, x, self.bias)
 
 
+class PackedFp8Linear(nn.Module):
+    """fp8 (e4m3) rows on our kernel: each code an fp16 number by a shift and an AND, widened
+    to float32 in the registers, multiplied in float32 (kernels/cpu/quant_linear.cpp)."""
+
+    def __init__(self, layer: QuantizedLinear, kernels):
+        super().__init__()
+        packed, scales = pack_fp8(layer.quantized)
+        self.register_buffer("packed", packed)  # [out / 16, in, 16] uint8 (e4m3 bits)
+        self.register_buffer("scales", scales)  # [out] float32, the twin's (NaN: a NaN code)
+        self.bias, self.kernels = layer.bias, kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.kernels.fp8_matmul(_rows(x), self.packed, self.scales)  # [T, out]
+        return _finish(out, x, self.bias)
+
+
 class PackedBF16Linear(nn.Module):
     """A bf16 nn.Linear on our kernel, its weight reshuffled into the kernel's pairs."""
 
@@ -211,11 +230,13 @@ def pack_linears_for_cpu(model: nn.Module, dtype: torch.dtype) -> nn.Module:
         for name, child in parent.named_children():
             if isinstance(child, QuantizedLinear):
                 q = child.quantized
-                own = {"int8": PackedInt8Linear, "int4": PackedInt4Linear}[q.scheme]
+                own = {"int8": PackedInt8Linear, "int4": PackedInt4Linear,
+                       "fp8": PackedFp8Linear}[q.scheme]
                 if kernels and packable(*q.shape):
                     setattr(parent, name, own(child, kernels))
-                elif dtype not in FAST_DTYPES:
-                    pass  # float32: the twin (torch's kernels are slower on float32)
+                elif dtype not in FAST_DTYPES or q.scheme == "fp8":
+                    pass  # float32: the twin (torch's kernels are slower on float32); fp8:
+                    # torch has no weight-only e4m3 kernel on the CPU
                 elif q.scheme == "int8":
                     setattr(parent, name, Int8PackedLinear(child, dtype))
                 elif packable(*q.shape):  # torch's int4 packing takes 16 outputs at a time

@@ -128,6 +128,7 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, const at::
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& qsum);
 at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed);
+at::Tensor fp8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window);

@@ -25,7 +25,7 @@ namespace {
 // One linear layer's weight: in one of the kernels' layouts (quant_layers.py packs them), or
 // a float32 model's dense weight as layers.py's TransposedLinear holds it, [in, out].
 struct Product {
-  std::string kind;  // "bf16", "int8", "int4" (our kernels) or "dense" (ATen's product)
+  std::string kind;  // "bf16", "int8", "int4", "fp8" (our kernels) or "dense" (ATen's product)
   at::Tensor packed, scales, aux;  // aux: int8's code sums, int4's zero points
   c10::optional<at::Tensor> bias;
   int64_t group_size;
@@ -35,10 +35,12 @@ struct Product {
       return bias ? at::addmm(*bias, x, packed) : at::mm(x, packed);
     RECORD_FUNCTION(kind == "int8"   ? "pagedllm_cpu::int8_matmul"
                     : kind == "int4" ? "pagedllm_cpu::int4_matmul"
+                    : kind == "fp8"  ? "pagedllm_cpu::fp8_matmul"
                                      : "pagedllm_cpu::bf16_matmul",
                     std::vector<c10::IValue>());  // a name chosen at run time
     at::Tensor y = kind == "int8"   ? int8_matmul(x, packed, scales, aux)
                    : kind == "int4" ? int4_matmul(x, packed, scales, aux, group_size)
+                   : kind == "fp8"  ? fp8_matmul(x, packed, scales)
                                     : bf16_matmul(x, packed);
     return bias ? y + *bias : y;  // as the module adds it: one add in the model's dtype
   }

@@ -1,9 +1,11 @@
-// The matrix products of a decode step on the CPU: int8 rows, int4 groups and bf16 weights.
-// Beside kernels/quant_linear.py (Triton); twins: reference/ops/weight_quant.py
+// The matrix products of a decode step on the CPU: int8 rows, int4 groups, fp8 (e4m3) rows and
+// bf16 weights. Beside kernels/quant_linear.py (Triton); twins: reference/ops/weight_quant.py
 // (quantized_linear) and F.linear. kernels/cpu_ops.py packs the weights and says why each.
 //
 // The products: x [M, K] (bf16 or float32) times a weight held as int8 codes with a scale
-// per output (W8), int4 codes with a scale and zero point per group (W4) or bf16, -> [M, N]
+// per output (W8), int4 codes with a scale and zero point per group (W4), e4m3 codes with a
+// scale per output (fp8: every path a float32 one, each code made an fp16 number by two
+// integer operations and widened by F16C's vcvtph2ps, see fp8_halves8) or bf16, -> [M, N]
 // in x's dtype. A decode step multiplies a few rows by every weight, so it is as fast as the
 // weights can be read: the codes become numbers inside the registers, never written back as
 // a float weight. Every path accumulates in float32 and rounds once to x's dtype, as the twin
@@ -286,6 +288,39 @@ void bf16_f32_tile_scalar(const float* x, int64_t K, const uint16_t* w, float* o
     for (int n = 0; n < 16; ++n) out[m * N + n] = acc[m][n];
 }
 
+// fp8 (e4m3) codes: 1 sign, 4 exponent (bias 7) and 3 mantissa bits, no infinities, NaN at
+// 0x7F and 0xFF. The value of each of the 256 codes, exactly (every e4m3 number is a float32).
+struct E4m3Table {
+  float value[256];
+  E4m3Table() {
+    for (int b = 0; b < 256; ++b) {
+      const int e = (b >> 3) & 15, m = b & 7;
+      const float v = (b & 0x7F) == 0x7F ? NAN
+                      : e == 0           ? std::ldexp((float)m, -9)  // subnormal: m 2^-9
+                                         : std::ldexp((float)(8 + m), e - 10);
+      value[b] = b & 0x80 ? -v : v;
+    }
+  }
+};
+const E4m3Table kE4m3;
+
+// fp8: y = s sum_k x_k w_k, each code looked up, the scale applied once to the float32 sum.
+template <int MB>
+void fp8_f32_tile_scalar(const float* x, int64_t K, const uint8_t* w, const float* scale,
+                         float* out, int64_t N) {
+  float acc[MB][16] = {};
+  for (int64_t k = 0; k < K; ++k) {  // 16 bytes: input k of the 16 outputs
+    float c[16];
+    for (int n = 0; n < 16; ++n) c[n] = kE4m3.value[w[k * 16 + n]];
+    for (int m = 0; m < MB; ++m) {
+      const float xv = x[m * K + k];
+      for (int n = 0; n < 16; ++n) acc[m][n] += xv * c[n];
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int n = 0; n < 16; ++n) out[m * N + n] = acc[m][n] * scale[n];
+}
+
 #ifdef PAGEDLLM_X86
 // -- AVX2 + FMA: a block's 16 outputs as two halves of 8, one after the other. Bytes of a
 // half: int8 32 of each 64 (8 outputs x 4 inputs), int4 16 of each 32, bf16 32 of each 64.
@@ -388,6 +423,35 @@ AVX2FMA void bf16_f32_tile_avx2(const float* x, int64_t K, const uint16_t* w, fl
   }
 }
 
+// e4m3 codes in registers, without a table: a code sign-extended to 16 bits and shifted left
+// by 7 puts its sign at bit 15 (and 14: cleared), its exponent at bits 13..10 and its mantissa
+// at 9..7 -- the fp16 number 2^-8 times the code's value. fp16's exponent has one more bit and
+// a bias 8 larger (15 against 7), and e4m3's subnormals (m 2^-9) land on fp16's own (m 2^-17),
+// which vcvtph2ps (F16C) converts to float32 exactly. The 2^8 joins the scale, once a tile.
+// The NaN codes (0x7F, 0xFF) read as 1.875 here: pack_fp8 gives a row holding one a NaN
+// scale, so the row's outputs are NaN, as the twin's are.
+AVX2FMA static inline __m128i fp8_halves8(const uint8_t* p) {  // 8 codes -> 8 fp16
+  const __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)p));
+  return _mm_and_si128(_mm_slli_epi16(v, 7), _mm_set1_epi16((short)0xBFFF));
+}
+
+template <int MB>
+AVX2FMA void fp8_f32_tile_avx2(const float* x, int64_t K, const uint8_t* w, const float* scale,
+                               float* out, int64_t N) {
+  constexpr int C = kSums<MB>;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MB][C];
+    for (int m = 0; m < MB; ++m)
+      for (int c = 0; c < C; ++c) acc[m][c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 4)  // input k + j: 8 bytes of its 16, outputs 8h..8h+7
+      for (int j = 0; j < 4; ++j)
+        fma_rows8<MB>(acc, _mm256_cvtph_ps(fp8_halves8(w + (k + j) * 16 + 8 * h)), x, K,
+                      k + j, j % C);
+    store_rows8<MB>(acc, _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * h), _mm256_set1_ps(256.f)),
+                    out + 8 * h, N);
+  }
+}
+
 // -- AVX-512 with float32 x: the AVX2 loops on a whole block of 16 outputs a register.
 AVX512BF16 static inline __m512 scales16(const uint16_t* p) {
   return widen(_mm256_loadu_si256((const __m256i*)p));
@@ -474,6 +538,27 @@ AVX512BF16 void bf16_f32_tile_avx512(const float* x, int64_t K, const uint16_t* 
     fma_rows16<MB>(acc, _mm512_castsi512_ps(_mm512_and_si512(p1, high)), x, K, k + 3, 3 % C);
   }
   store_rows16<MB>(acc, _mm512_set1_ps(1.f), out, N);
+}
+
+template <int MB>
+AVX512BF16 void fp8_f32_tile_avx512(const float* x, int64_t K, const uint8_t* w,
+                                    const float* scale, float* out, int64_t N) {
+  constexpr int C = kSums<MB>;
+  const __m512i keep = _mm512_set1_epi16((short)0xBFFF);  // as in fp8_halves8
+  __m512 acc[MB][C];
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < C; ++c) acc[m][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 4) {
+    // 32 bytes at a time, inputs k and k + 1 (then k + 2, k + 3): 32 fp16, one shift, one AND
+    for (int j = 0; j < 4; j += 2) {
+      const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(
+          _mm256_loadu_si256((const __m256i*)(w + (k + j) * 16))), 7), keep);
+      fma_rows16<MB>(acc, _mm512_cvtph_ps(_mm512_castsi512_si256(h)), x, K, k + j, j % C);
+      fma_rows16<MB>(acc, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), x, K, k + j + 1,
+                     (j + 1) % C);
+    }
+  }
+  store_rows16<MB>(acc, _mm512_mul_ps(_mm512_loadu_ps(scale), _mm512_set1_ps(256.f)), out, N);
 }
 #endif  // PAGEDLLM_X86
 
@@ -716,9 +801,34 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
   });
 }
 
+// packed [N/16, K, 16] uint8 (e4m3 codes: input k's 16 outputs in a row); scales [N] float32,
+// NaN for a row holding a NaN code (pack_fp8). Every path is a float32 one: x widened once.
+at::Tensor fp8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales) {
+  TORCH_CHECK(packed.dim() >= 2, "fp8_matmul takes cpu_ops.pack_fp8's codes");
+  const int64_t NB = packed.size(0), K = packed.size(1), N = NB * 16;
+  check_x(x, K);
+  TORCH_CHECK(K % 4 == 0 && packed.is_contiguous() && packed.scalar_type() == at::kByte &&
+              packed.numel() == N * K && scales.scalar_type() == at::kFloat &&
+              scales.is_contiguous() && scales.numel() == N,
+              "fp8_matmul takes cpu_ops.pack_fp8's codes (inputs a multiple of 4) and float32 "
+              "scales");
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  [[maybe_unused]] const Isa path = isa();
+  return float_product(x, NB, [&]<int R>(const float* xm, float* o, int64_t nb) {
+    const uint8_t* w = wp + nb * K * 16;
+#ifdef PAGEDLLM_X86
+    if (path == Isa::avx512) return fp8_f32_tile_avx512<R>(xm, K, w, sp + nb * 16, o, N);
+    if (path == Isa::avx2) return fp8_f32_tile_avx2<R>(xm, K, w, sp + nb * 16, o, N);
+#endif
+    fp8_f32_tile_scalar<R>(xm, K, w, sp + nb * 16, o, N);
+  });
+}
+
 // torch operators (torch.ops.pagedllm_cpu.*): the profiler names them, as it names aten's
 TORCH_LIBRARY_FRAGMENT(pagedllm_cpu, m) {
   m.def("int4_matmul", &int4_matmul);
   m.def("int8_matmul", &int8_matmul);
   m.def("bf16_matmul", &bf16_matmul);
+  m.def("fp8_matmul", &fp8_matmul);
 }

@@ -109,7 +109,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
 
 def dequantize_weight(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     """The [out, in] weight the codes stand for, computed in float32, in dtype."""
-    if qw.scheme in ("int8", "fp8"):  # a code (an integer or an e4m3 number) times its row's
+    if qw.scheme in ("int8", "fp8"):
+        # a code (an integer or an e4m3 number) times its row's scale
         return (qw.qweight.float() * qw.scales.float()[:, None]).to(dtype)
     out, inp = qw.shape
     nibbles = [qw.qweight & 0xF, qw.qweight >> 4]

@@ -53,6 +53,7 @@ def test_kernels_say_what_computes_each_op_here(checkpoints, dtype, monkeypatch)
     elif getattr(torch, dtype) in cpu_ops.FLOATS:
         assert f"{isa} path" in report["rms_norm"]
         assert f"{isa} path" in report["paged_attention"]
+        assert f"int8, int4, fp8 and GGUF blocks: C++ kernels, {isa} path" in report["linear"]
     assert llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # and the engine runs
 
 

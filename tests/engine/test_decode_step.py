@@ -3,8 +3,8 @@ the modules give, bit for bit: the same kernels in the same order. ``enforce_eag
 the modules (as it turns CUDA graphs off on a GPU), so the two runs are compared on greedy and
 seeded random tokens and on their logprobs, over models that exercise what the stack reads:
 multi-head and grouped-query attention, a sliding window, biases on Q/K/V with a tied head,
-and each kind of product (bf16, int8, int4; in a float32 model ATen's dense product and int8,
-int4), with preemption and block reuse in the run, and a float32 model on every
+and each kind of product (bf16, int8, int4, fp8; in a float32 model ATen's dense product and
+int8, int4, fp8), with preemption and block reuse in the run, and a float32 model on every
 instruction-set path this machine has.
 """
 
@@ -34,7 +34,8 @@ WEIGHTS = {"bf16": dict(dtype="bfloat16"), "int8": dict(quantization="int8"),
            "int4": dict(quantization="int4", quantization_group_size=32),
            "fp32": dict(dtype="float32"),
            "int8-fp32": dict(dtype="float32", quantization="int8"),
-           "int4-fp32": dict(dtype="float32", quantization="int4", quantization_group_size=32)}
+           "int4-fp32": dict(dtype="float32", quantization="int4", quantization_group_size=32),
+           "fp8": dict(quantization="fp8"), "fp8-fp32": dict(dtype="float32", quantization="fp8")}
 
 
 def _skip_unless_the_stack_can_run(llm, weights):

@@ -1,12 +1,15 @@
 """fp8 weights (quantization="fp8", issue 41): e4m3 codes with a scale per output channel,
 activations in the model's dtype. The twin's error bound and bytes; the Triton kernel under the
-interpreter and the CPU backend (which runs the twin: kernels/cpu has no fp8 product yet) give
-the reference tier's tokens; tensor-parallel shards keep the whole row's scale."""
+interpreter and the CPU backend (the C++ product, kernels/cpu/quant_linear.cpp's fp8_matmul,
+where the extension builds) give the reference tier's tokens; tensor-parallel shards keep the
+whole row's scale."""
 
 import pytest
 import torch
 
 from pagedllm import optimized, reference
+from pagedllm.kernels.cpu_ops import cpu_kernels, packable
+from pagedllm.optimized.quant_layers import PackedFp8Linear
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.model.quantization import QuantizedLinear
 from pagedllm.reference.ops.weight_quant import (
@@ -52,7 +55,7 @@ def test_row_absmax_gives_a_shard_the_whole_rows_scale():
     assert torch.equal(half.qweight.view(torch.uint8), whole.qweight[:, :32].view(torch.uint8))
 
 
-def test_the_model_holds_fp8_layers_and_the_cpu_backend_runs_the_twins_tokens():
+def test_the_model_holds_fp8_layers_and_the_cpu_backend_gives_the_twins_tokens():
     ref = reference.LLM(default_model_dir(), quantization="fp8", dtype="float32",
                         num_gpu_blocks=16, max_model_len=64)
     layers = [m for m in ref.engine.model.modules()
@@ -60,6 +63,17 @@ def test_the_model_holds_fp8_layers_and_the_cpu_backend_runs_the_twins_tokens():
     assert layers and all(m.quantized.scheme == "fp8" for m in layers)
     for dtype in ("float32", "bfloat16"):
         assert tokens(optimized.LLM, dtype=dtype) == tokens(reference.LLM, dtype=dtype), dtype
+    # the optimized tier multiplies them on the C++ kernel, each layer it takes (16 outputs
+    # and inputs at a time); the others stay the twin
+    opt = optimized.LLM(default_model_dir(), quantization="fp8", dtype="float32",
+                        num_gpu_blocks=16, max_model_len=64)
+    held = [m for m in opt.engine.model.modules()
+            if isinstance(m, PackedFp8Linear | QuantizedLinear)]
+    assert held and (cpu_kernels() is None) == (not any(
+        isinstance(m, PackedFp8Linear) for m in held))
+    for m in held:
+        if isinstance(m, QuantizedLinear):  # left the twin: no kernel, or a shape it refuses
+            assert cpu_kernels() is None or not packable(*m.quantized.shape)
 
 
 def test_the_triton_kernel_under_the_interpreter_gives_the_reference_tokens(monkeypatch):

@@ -1,14 +1,16 @@
 """The CPU kernels' matrix products (``kernels/cpu/quant_linear.cpp``: ``int8_matmul``,
-``int4_matmul``, ``bf16_matmul``) against the twin (``reference/ops/weight_quant.py``:
-dequantize, then multiply in float32), on every instruction-set path this machine has
-(``use_isa``: AVX-512, AVX2, portable C++; a path the CPU lacks runs its best below), with bf16
-and float32 activations, 1 to 17 rows (one row, int8's switch at 4 rows on AVX-512, the 8-row
-tiles full, partial and several) and small edge shapes (one block of 16 outputs, one group).
+``int4_matmul``, ``fp8_matmul``, ``bf16_matmul``) against the twin
+(``reference/ops/weight_quant.py``: dequantize, then multiply in float32), on every
+instruction-set path this machine has (``use_isa``: AVX-512, AVX2, portable C++; a path the CPU
+lacks runs its best below), with bf16 and float32 activations, 1 to 17 rows (one row, int8's
+switch at 4 rows on AVX-512, the 8-row tiles full, partial and several) and small edge shapes
+(one block of 16 outputs, one group).
 
 Tolerances: both sides sum in float32, in different orders.
 - float32 x: each side is within (K + 2) float32 roundings of the exact sum of |x w| (the
-  int8 scale, applied once or to every weight, is one more), so they differ by at most twice
-  that, output by output.
+  int8 or fp8 scale, applied once or to every weight, is one more), so they differ by at most
+  twice that, output by output. (fp8's kernel sums the codes' values times 2^-8 and multiplies
+  by 2^8 s at the end: powers of two, no rounding of their own.)
 - bf16 x: each side rounds once to bf16 (at most 2^-8 of the value each); AVX-512's bf16 paths
   sum larger terms (int4's offset codes 128 + q, int8's 24-bit planes), within 2^-12 of the
   largest |x| @ |W| of the test.
@@ -24,6 +26,7 @@ from pagedllm.kernels.cpu_ops import (
     cpu_isa,
     cpu_kernels,
     pack_bf16,
+    pack_fp8,
     pack_int4,
     pack_int8,
     use_isa,
@@ -32,6 +35,7 @@ from pagedllm.optimized.quant_layers import (
     Int8PackedLinear,
     PackedBF16Linear,
     PackedEmbedding,
+    PackedFp8Linear,
     PackedInt4Linear,
     PackedInt8Linear,
     pack_linears_for_cpu,
@@ -41,6 +45,7 @@ from pagedllm.reference.ops.weight_quant import (
     INT4_GROUP_SIZES,
     QuantizedWeight,
     dequantize_weight,
+    quantize_fp8,
     quantize_int4,
     quantize_int8,
 )
@@ -115,6 +120,49 @@ def test_int4_matches_the_twin(path, dtype, group_size, scales):
             check(kernels.int4_matmul(x, packed, s, z, group_size), x, twin_int4(q))
 
 
+@pytest.mark.parametrize("n,k", [(16, 16), (48, 52), (32, 272)])  # 52: inputs in fours
+def test_fp8_matches_the_twin(path, dtype, n, k):
+    torch.manual_seed(0)
+    w = torch.randn(n, k) * 0.05
+    w[1, 0] = 30.0  # a row whose other weights fall on e4m3's subnormals (below 2**-6 x 448)
+    w[2] = 0.0  # an all-zero row: the twin's clamped scale
+    q = quantize_fp8(w)  # float32 scales: a float32 model's
+    packed = pack_fp8(q)
+    for rows in ROWS:
+        x = torch.randn(rows, k).to(dtype)
+        check(kernels.fp8_matmul(x, *packed), x, dequantize_weight(q, torch.float32))
+
+
+def test_fp8_reads_every_code_as_the_twin_does(path):
+    """Each of e4m3's 254 numbers (subnormals, zeros of both signs, 448), one product term an
+    output: the kernel's value of each code times its scale, bit for bit the twin's."""
+    codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    codes = torch.cat([codes, codes[:2]]).view(16, 16)  # [16 outputs, 16 inputs]
+    scales = torch.linspace(0.5, 3.0, 16).bfloat16()  # bf16: a bf16 model's
+    q = QuantizedWeight("fp8", codes.view(torch.float8_e4m3fn), scales, None, (16, 16))
+    x = torch.eye(16)  # row k picks input k of every output
+    got = kernels.fp8_matmul(x, *pack_fp8(q))
+    assert torch.equal(got, dequantize_weight(q, torch.float32).T)
+
+
+def test_a_nan_code_makes_its_output_nan_for_every_row(path, dtype):
+    """As the twin's: a NaN weight (code 0x7F or 0xFF) makes its output NaN whatever x is, the
+    other outputs untouched (pack_fp8 gives its row a NaN scale)."""
+    torch.manual_seed(0)
+    w = torch.randn(32, 64) * 0.05
+    w[5, 3], w[20, 60] = float("nan"), -float("nan")
+    q = quantize_fp8(w)
+    assert (q.qweight.view(torch.uint8)[5] & 0x7F == 0x7F).any()
+    x = torch.randn(3, 64).to(dtype)
+    x[1] = 0.0  # 0 x NaN is NaN too
+    got, weight = kernels.fp8_matmul(x, *pack_fp8(q)), dequantize_weight(q, torch.float32)
+    want = (x.float() @ weight.T).to(dtype)
+    nan = [5, 20]
+    assert got[:, nan].isnan().all() and want[:, nan].isnan().all()
+    keep = [i for i in range(32) if i not in nan]
+    check(got[:, keep], x, weight[keep])
+
+
 @pytest.mark.parametrize("n,k", [(16, 16), (48, 52), (32, 272)])
 def test_bf16_matches_the_twin(path, dtype, n, k):
     torch.manual_seed(0)
@@ -130,15 +178,19 @@ def _products():
     torch.manual_seed(0)
     w = torch.randn(32, 64) * 0.05
     q8, q4 = quantize_int8(w.bfloat16()), quantize_int4(w.bfloat16(), 32)
+    q_fp8 = quantize_fp8(w.bfloat16())
     p8, p4, pb = pack_int8(q8), pack_int4(q4), pack_bf16(w.bfloat16())
+    p_fp8 = pack_fp8(q_fp8)
     return {
         "int8": (lambda x: kernels.int8_matmul(x, *p8), dequantize_weight(q8, torch.float32)),
+        "fp8": (lambda x: kernels.fp8_matmul(x, *p_fp8), dequantize_weight(q_fp8,
+                                                                           torch.float32)),
         "int4": (lambda x: kernels.int4_matmul(x, *p4, 32), twin_int4(q4)),
         "bf16": (lambda x: kernels.bf16_matmul(x, pb), w.bfloat16().float()),
     }
 
 
-@pytest.mark.parametrize("op", ["int8", "int4", "bf16"])
+@pytest.mark.parametrize("op", ["int8", "int4", "fp8", "bf16"])
 @pytest.mark.parametrize("rows", [3, 5])  # AVX-512 int8: 24-bit planes (1-3 rows), bf16 (4+)
 def test_nan_and_inf_in_a_row_stay_in_that_row(path, dtype, op, rows):
     """As the twin: a NaN makes its row NaN, an inf makes every output of its row NaN or inf
@@ -168,6 +220,12 @@ def test_shapes_and_dtypes_the_kernels_do_not_take_are_refused():
         kernels.int4_matmul(torch.randn(1, 64), *q4, 48)  # a group that does not divide K
     with pytest.raises(RuntimeError, match="pack_bf16"):
         kernels.bf16_matmul(torch.randn(1, 64), pack_bf16(torch.randn(16, 64)))  # float32
+    with pytest.raises(RuntimeError, match="inputs a multiple of 4"):
+        kernels.fp8_matmul(torch.randn(1, 6), torch.zeros(1, 6, 16, dtype=torch.uint8),
+                           torch.ones(16))
+    packed, scales = pack_fp8(quantize_fp8(torch.randn(16, 64)))
+    with pytest.raises(RuntimeError, match="float32 scales"):
+        kernels.fp8_matmul(torch.randn(1, 64), packed, scales.bfloat16())
 
 
 class _Model(nn.Module):
@@ -182,10 +240,15 @@ class _Model(nn.Module):
         self.model.int4 = QuantizedLinear(quantize_int4(torch.randn(32, 64).to(dtype), 32),
                                           torch.randn(32).to(dtype))
         self.model.odd = QuantizedLinear(quantize_int8(torch.randn(20, 32).to(dtype)), None)
+        self.model.fp8 = QuantizedLinear(quantize_fp8(torch.randn(32, 32).to(dtype)), None)
+        self.model.odd_fp8 = QuantizedLinear(quantize_fp8(torch.randn(20, 32).to(dtype)), None)
         self.model.dense = nn.Linear(32, 32).to(dtype)
         self.lm_head = nn.Linear(32, 64, bias=False).to(dtype)
         if tied:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+
+NAMES = ("int8", "int4", "odd", "fp8", "odd_fp8", "dense")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp32"])
@@ -194,10 +257,12 @@ def test_pack_linears_uses_our_kernels_for_bf16_and_float32_models(dtype):
     x = torch.randn(2, 3, 32).to(dtype)  # [batch, tokens, in]: leading dims kept
     x64 = torch.randn(5, 64).to(dtype)
     want = {name: getattr(model.model, name)(x if name != "int4" else x64)
-            for name in ("int8", "int4", "odd", "dense")}
+            for name in NAMES}
     pack_linears_for_cpu(model, dtype)
     m = model.model
     assert isinstance(m.int8, PackedInt8Linear) and isinstance(m.int4, PackedInt4Linear)
+    assert isinstance(m.fp8, PackedFp8Linear)
+    assert type(m.odd_fp8) is QuantizedLinear  # 20 outputs: the twin (torch has no fp8 kernel)
     # 20 outputs: not packable. A bf16 model takes torch's int8 kernel, float32 the twin.
     assert isinstance(m.odd, Int8PackedLinear if dtype == torch.bfloat16 else QuantizedLinear)
     if dtype == torch.bfloat16:  # bf16 weights on our kernel; the tied head's table shared
@@ -208,7 +273,7 @@ def test_pack_linears_uses_our_kernels_for_bf16_and_float32_models(dtype):
         assert type(m.dense) is nn.Linear and type(model.lm_head) is nn.Linear
         assert m.int4.scales.dtype == torch.float32  # the twin's float32 scales, as they are
     rtol = 2**-7 if dtype == torch.bfloat16 else 1e-5
-    for name in ("int8", "int4", "odd", "dense"):
+    for name in NAMES:
         got = getattr(m, name)(x if name != "int4" else x64)
         assert got.shape == want[name].shape and got.dtype == dtype
         torch.testing.assert_close(got.float(), want[name].float(), rtol=rtol, atol=rtol)
