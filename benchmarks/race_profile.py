@@ -96,8 +96,9 @@ def step_profile(ckpt: Path, *, dtype: str, batch: int, context: int, steps: int
     step_ms = 1e3 * (time.process_time() - cpu) / steps
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)  # the profiler's view of the steps
-    # the layers' one C++ call (optimized/decode_step.py labels it); its self time is the layers
-    layers = sum(e.self_cpu_time_total for e in events if e.key == "pagedllm::decode_layers")
+    # the layers' one C++ call (optimized/decode_step.py labels it), with the products it
+    # records inside it: its inclusive time
+    layers = sum(e.cpu_time_total for e in events if e.key == "pagedllm::decode_layers")
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
     return {"batch": batch, "context": context, "steps": steps, "step_cpu_ms": step_ms,
             "layers_share": layers / total,

@@ -45,7 +45,6 @@ fours), so that one 512-bit register holds 16 outputs x 2 inputs (32 bf16), the 
 """
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
@@ -87,6 +86,8 @@ def _build_lock(built: str):
     ``lock`` file and waits, without limit, for it to go; a builder killed mid-build (a Ctrl-C, a
     test's timeout) leaves it behind and every later process would hang. An OS lock is released
     when its process dies, so whoever holds it knows a ``lock`` file left there is stale."""
+    import fcntl  # POSIX: elsewhere the import fails inside _build, which then says why
+
     os.makedirs(os.path.dirname(built), exist_ok=True)
     with open(built + ".build-lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -107,7 +108,8 @@ def build_directory() -> str:
     from torch.utils.cpp_extension import get_default_build_root
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root is None:
-        device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        device = f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip else \
+            f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
         version = f"py{sys.version_info.major}{sys.version_info.minor}"
         root = os.path.join(get_default_build_root(),
                             f"{version}{getattr(sys, 'abiflags', '')}_{device}")

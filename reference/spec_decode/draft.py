@@ -61,9 +61,10 @@ class DraftModelProposer:
             quantization_skip=(), kv_cache_dtype="auto", calculate_kv_scales=False,
             tensor_parallel_size=1, speculative_config=None)
         self.runner = create_model_runner(self.config, load_engine_model(self.config))
-        self.kv = PagedKVCacheManager(config.block_size, num_blocks)
-        self.runner.initialize_kv_cache(KVCacheConfig(
-            num_blocks, 0, self.runner.get_kv_cache_spec(config.block_size)))
+        # the draft's own layers' spec: a windowed draft gives its blocks back as the target's
+        groups = self.runner.get_kv_cache_spec(config.block_size)
+        self.kv = PagedKVCacheManager(config.block_size, num_blocks, kv_cache_groups=groups)
+        self.runner.initialize_kv_cache(KVCacheConfig(num_blocks, 0, groups))
         self.device = next(self.runner.model.parameters()).device
         self.vocab_size = self.config.model_config.vocab_size
         self.budget = sc.max_num_batched_tokens

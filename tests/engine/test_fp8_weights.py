@@ -16,6 +16,7 @@ from pagedllm.reference.ops.weight_quant import (
     FP8_MAX,
     dequantize_weight,
     quantize_fp8,
+    quantize_int4,
     quantize_int8,
 )
 from pagedllm.serving.default_model import default_model_dir
@@ -91,3 +92,19 @@ def test_refusals_name_the_field(field, value, match):
     with pytest.raises(ValueError, match=match) as err:
         reference.LLM(default_model_dir(), **{field: value})
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scheme", ["fp8", "int8", "int4"])
+def test_an_all_zero_row_stays_zero_in_every_dtype(scheme, dtype):
+    """A dead output channel (all-zero weights, or tiny ones that fp16 cannot scale): its
+    scale is the stored dtype's smallest normal, never 0, so its codes are 0, not NaN."""
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
+    w[3] = 0
+    w[5] = 1e-7  # a scale of 1e-7 / 127 rounds to 0 in fp16
+    qw = {"fp8": lambda: quantize_fp8(w), "int8": lambda: quantize_int8(w),
+          "int4": lambda: quantize_int4(w, 32)}[scheme]()
+    back = dequantize_weight(qw, torch.float32)
+    assert torch.isfinite(back).all()
+    assert (back[3] == 0).all()
+    assert (qw.scales.float() > 0).all()
