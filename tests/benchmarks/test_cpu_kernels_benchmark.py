@@ -19,8 +19,9 @@ def test_every_way_is_measured_on_every_row_count(tmp_path):
     machine = cpu_extension().machine_isa()
     paths = [isa for isa in ("avx512", "avx2") if ISAS.index(isa) >= ISAS.index(machine)]
     ways = ["int8, torch", "int8, ours", "int4 g32, torch", "int4 g32, ours", "bf16, F.linear",
-            "bf16, ours", "fp32, F.linear", "int8 fp32, torch", "int4 g32 fp32, torch"] + [
-        f"{kind} fp32, ours {isa}" for isa in paths for kind in ("int8", "int4 g32")]
+            "bf16, ours", "fp32, F.linear", "int8 fp32, torch", "int4 g32 fp32, torch",
+            "fp8, ours", "fp8 fp32, twin"] + [
+        f"{kind} fp32, ours {isa}" for isa in paths for kind in ("int8", "int4 g32", "fp8")]
     assert sorted(report["rows"]) == [1, 3] and report["machine_isa"] == machine
     for row in report["rows"].values():
         assert sorted(row) == sorted(ways) and all(r["ms"] > 0 for r in row.values())
@@ -36,3 +37,6 @@ def test_every_way_is_measured_on_every_row_count(tmp_path):
     for isa in paths:
         assert sizes[f"int8 fp32, ours {isa}"] < sizes["fp32, F.linear"] / 3.8
         assert sizes[f"int4 g32 fp32, ours {isa}"] < sizes["fp32, F.linear"] / 5
+        # fp8: the twin's codes and scales, reordered
+        assert sizes[f"fp8 fp32, ours {isa}"] == sizes["fp8 fp32, twin"]
+        assert sizes["fp8 fp32, twin"] < sizes["fp32, F.linear"] / 3.8
