@@ -20,6 +20,8 @@ modules' results, bit for bit (``tests/engine/test_decode_step.py``), on every
 instruction-set path the kernels have (``kernels/cpu/cpu.h``).
 """
 
+from dataclasses import replace
+
 import torch
 
 from pagedllm.kernels.cpu_ops import FLOATS, CpuOp, cpu_extension
@@ -112,10 +114,10 @@ class DecodeStep:
 
     @staticmethod
     def requirements() -> str:
-        return ("decode steps of a Llama-family bf16 or float32 model whose products are all "
-                "packed (or float32 dense), over an unquantized cache of the model's dtype, with "
-                "the backend's own ops (not enforce_eager, not tensor-parallel); any other step "
-                "runs the modules")
+        return ("decode steps (and speculative runs' few rows a sequence, one query a row) of "
+                "a Llama-family bf16 or float32 model whose products are all packed (or float32 "
+                "dense), over an unquantized cache of the model's dtype, with the backend's own "
+                "ops (not enforce_eager, not tensor-parallel); any other step runs the modules")
 
     def runs(self, attn) -> bool:
         """Whether this step's attention context is one the stack reads: decodes only, an
@@ -141,9 +143,36 @@ class DecodeStep:
         return self.model.compute_logits(x, residual, attn.backend, logits_indices)
 
 
+MAX_ROWS_A_SEQUENCE = 16  # a speculative run's k + 1 rows; a longer chunk is a prompt's
+
+
+def one_query_per_row(inputs: StepInputs) -> StepInputs | None:
+    """A step whose sequences compute a few rows each (a speculative run: the last token and
+    its k proposals) as one query per row, which the decode kernel takes: row i attends to the
+    first positions[i] + 1 tokens of its sequence's block table, as a sequence of its own whose
+    last token it is. Each layer stores every row's K/V before any row attends, so a row sees
+    the rows before it and none after, as causal attention does. None for a row longer than
+    MAX_ROWS_A_SEQUENCE (a prompt's chunk: the modules' prefill is faster)."""
+    md = inputs.attn_metadata
+    rows = md.query_start_loc_cpu.diff()  # [B] rows of each sequence
+    if int(rows.max()) > MAX_ROWS_A_SEQUENCE:
+        return None
+    T = inputs.input_ids.shape[0]
+    owner = torch.repeat_interleave(torch.arange(rows.shape[0]), rows)  # [T] each row's seq
+    seq_lens_cpu = (inputs.positions.cpu() + 1).to(md.seq_lens_cpu.dtype)  # [T]
+    starts_cpu = torch.arange(T + 1, dtype=md.query_start_loc_cpu.dtype)  # [T + 1]
+    per_row = replace(md, block_tables=md.block_tables[owner.to(md.block_tables.device)],
+                      seq_lens=seq_lens_cpu.to(md.seq_lens), seq_lens_cpu=seq_lens_cpu,
+                      query_start_loc=starts_cpu.to(md.query_start_loc),
+                      query_start_loc_cpu=starts_cpu)
+    return replace(inputs, attn_metadata=per_row)
+
+
 class RunnerDecodeStep:
     """The stack in the runner's whole-step slot: a step it runs is loaded into the runner's
-    buffers and computed in one call; any other is left to the runner (None)."""
+    buffers and computed in one call; any other is left to the runner (None). A speculative
+    step's few rows a sequence run as one query a row (``one_query_per_row``), where the
+    buffers hold as many sequences."""
 
     def __init__(self, runner, step: DecodeStep):
         self.runner, self.step = runner, step
@@ -151,7 +180,13 @@ class RunnerDecodeStep:
     def __call__(self, inputs: StepInputs) -> torch.Tensor | None:
         T, B = inputs.input_ids.shape[0], inputs.attn_metadata.seq_lens.shape[0]
         if T != B:
-            return None
+            if T > self.runner.seq_lens.shape[0] or \
+                    inputs.attn_metadata.query_start_loc_cpu is None:
+                return None
+            inputs = one_query_per_row(inputs)
+            if inputs is None:
+                return None
+            B = T
         runner = self.runner
         runner.load(inputs, T, B)
         ctx = runner.context(inputs, T, B, inputs.attn_metadata.block_tables.shape[1])

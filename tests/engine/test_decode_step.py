@@ -148,3 +148,29 @@ def test_a_step_the_stack_refuses_ends_its_requests_and_leaves_the_engine_usable
     fresh = optimized.LLM(paths["llama3"], dtype="bfloat16", block_size=4)
     assert again == [o.outputs[0].token_ids for o in fresh.generate(prompts, params,
                                                                      use_tqdm=False)]
+
+
+def test_speculative_runs_take_the_one_call_with_plain_decodings_tokens(paths):
+    """A speculative step's rows (each sequence's last token and its proposals) run through
+    the stack as one query a row; the tokens are plain decoding's, every step after the
+    prompts is one call (torch.profiler sees its label), and proposals were verified."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8] * 6}, {"prompt_token_ids": [9, 3] * 9}]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    plain = optimized.LLM(paths["llama3"], block_size=4, dtype="float32")
+    _skip_unless_the_stack_can_run(plain, "fp32")
+    want = plain.generate(prompts, params, use_tqdm=False)
+    spec = optimized.LLM(paths["llama3"], block_size=4, dtype="float32", speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1})
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = spec.generate(prompts, params, use_tqdm=False)
+    calls = sum(e.count for e in prof.key_averages() if e.key == "pagedllm::decode_layers")
+    assert spec.stats()["spec_decode_num_drafts"] > 0
+    assert calls == spec.engine.num_steps - 1  # every step but the one of both prompts
+    for a, b in zip(got, want, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            assert x.keys() == y.keys()
+            assert all(abs(x[t] - y[t]) < 1e-4 for t in x)
