@@ -151,13 +151,15 @@ def one_query_per_row(inputs: StepInputs) -> StepInputs | None:
     its k proposals) as one query per row, which the decode kernel takes: row i attends to the
     first positions[i] + 1 tokens of its sequence's block table, as a sequence of its own whose
     last token it is. Each layer stores every row's K/V before any row attends, so a row sees
-    the rows before it and none after, as causal attention does. None for a row longer than
-    MAX_ROWS_A_SEQUENCE (a prompt's chunk: the modules' prefill is faster)."""
+    the rows before it and none after, as causal attention does. None unless every row is
+    sampled and no sequence has more than MAX_ROWS_A_SEQUENCE rows: a prompt's chunk keeps the
+    modules' prefill."""
     md = inputs.attn_metadata
-    rows = md.query_start_loc_cpu.diff()  # [B] rows of each sequence
-    if int(rows.max()) > MAX_ROWS_A_SEQUENCE:
-        return None
     T = inputs.input_ids.shape[0]
+    rows = md.query_start_loc_cpu.diff()  # [B] rows of each sequence
+    sampled = torch.unique(inputs.logits_indices.cpu())
+    if int(rows.max()) > MAX_ROWS_A_SEQUENCE or not torch.equal(sampled, torch.arange(T)):
+        return None
     owner = torch.repeat_interleave(torch.arange(rows.shape[0]), rows)  # [T] each row's seq
     seq_lens_cpu = (inputs.positions.cpu() + 1).to(md.seq_lens_cpu.dtype)  # [T]
     starts_cpu = torch.arange(T + 1, dtype=md.query_start_loc_cpu.dtype)  # [T + 1]
