@@ -60,7 +60,7 @@ class QuantizedWeight:
 
 # --8<-- [start:quantize_weight]
 def _tiny(weight: torch.Tensor) -> float:
-    """The smallest scale the weight's dtype stores: a constant row's (or group's) scale."""
+    """The smallest scale the weight's dtype stores: a constant row's (or group's)."""
     return torch.finfo(weight.dtype).tiny
 
 
@@ -72,9 +72,10 @@ def quantize_int8(weight: torch.Tensor,
     w = weight.detach().float()
     if absmax is None:
         absmax = w.abs().amax(dim=1)  # [out]
-    # [out], as stored (the codes are made for it); the floor, the stored dtype's smallest
-    # normal, keeps an all-zero row at 0 / tiny = 0 instead of 0 / 0 (fp16 rounds 1e-12 to 0)
-    scales = (absmax.float() / 127).to(weight.dtype).clamp(min=_tiny(weight)).float()
+    # [out], as stored (the codes are made for it). The floor, the dtype's smallest
+    # normal, keeps an all-zero row at 0 / tiny = 0, not 0 / 0 (fp16 rounds 1e-12 to 0).
+    scales = (absmax.float() / 127).to(weight.dtype)
+    scales = scales.clamp(min=_tiny(weight)).float()
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
     return QuantizedWeight("int8", q, scales.to(weight.dtype), None, tuple(w.shape))
 
@@ -87,7 +88,8 @@ def quantize_fp8(weight: torch.Tensor,
     if absmax is None:
         absmax = w.abs().amax(dim=1)  # [out]
     # [out], as stored, floored as int8's
-    scales = (absmax.float() / FP8_MAX).to(weight.dtype).clamp(min=_tiny(weight)).float()
+    scales = (absmax.float() / FP8_MAX).to(weight.dtype)
+    scales = scales.clamp(min=_tiny(weight)).float()
     # [out, in]: torch's conversion rounds to the nearest e4m3 value (ties to even)
     q = (w / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return QuantizedWeight("fp8", q, scales.to(weight.dtype), None, tuple(w.shape))
@@ -102,7 +104,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> QuantizedWeight:
                          f"of {inp}")
     w = weight.detach().float().view(out, inp // group_size, group_size)  # [out, G, g]
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)  # [out, G]
-    scales = ((hi - lo) / 15).to(weight.dtype).clamp(min=_tiny(weight)).float()  # [out, G]
+    scales = ((hi - lo) / 15).to(weight.dtype)  # [out, G]
+    scales = scales.clamp(min=_tiny(weight)).float()
     zeros = (lo + 8 * scales).to(weight.dtype).float()  # what code 8 stands for
     q = torch.round((w - zeros[..., None]) / scales[..., None]) + 8  # [out, G, g]
     q = q.clamp(0, 15).to(torch.uint8).view(out, inp)  # [out, in], codes 0..15
