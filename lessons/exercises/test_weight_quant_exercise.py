@@ -133,9 +133,9 @@ def test_a_group_of_equal_values_comes_back_exactly(quantize, dequantize, dtype)
     w[3, :] = 1.25  # a whole row, every group constant
     packed, scales, zeros = quantize(w, 32)
     assert torch.isfinite(scales.float()).all() and torch.isfinite(zeros.float()).all()
-    assert (scales.float() > 0).all(), ("max == min: the scale is clamped (1e-12), never 0"
-                                        "\nmax == min: 스케일은 하한(1e-12)으로 고정되며, 절대 "
-                                        "0이 아닙니다")
+    assert (scales.float() > 0).all(), (
+        "max == min: the scale is clamped (finfo.tiny), never 0"
+        "\nmax == min: 스케일은 하한(finfo.tiny)으로 고정되며, 절대 0이 아닙니다")
     back = dequantize(packed, scales, zeros, 32, torch.float32)
     assert torch.isfinite(back).all(), ("a group of equal values divided by a scale of 0?"
                                         "\n값이 모두 같은 그룹을 스케일 0으로 나눴나요?")

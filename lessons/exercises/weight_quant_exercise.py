@@ -11,7 +11,8 @@ scale s and zero point z, and each weight becomes a 4-bit code q in 0..15 with
 in float32 (weight.float()); s and z are *stored* in the weight's dtype:
 
     lo, hi = the group's min and max
-    s      = (hi - lo) / 15, at least 1e-12 (a group of equal values), rounded to weight.dtype
+    s      = (hi - lo) / 15 rounded to weight.dtype, then at least that dtype's smallest
+             normal, torch.finfo(weight.dtype).tiny (a group of equal values)
     z      = lo + 8 * s, with s as stored, rounded to weight.dtype
     q      = torch.round((w - z) / s) + 8, with s and z as stored, clipped to [0, 15]
 
@@ -46,7 +47,8 @@ int4는 모든 행을 연속된 입력 group_size개씩의 그룹으로 자릅�
 float32(weight.float())로 하고, s와 z는 가중치의 dtype으로 *저장*합니다:
 
     lo, hi = 그룹의 최솟값과 최댓값
-    s      = (hi - lo) / 15, 최소 1e-12 (값이 모두 같은 그룹), weight.dtype으로 반올림
+    s      = (hi - lo) / 15를 weight.dtype으로 반올림한 뒤, 그 dtype의 가장 작은 정규수
+             torch.finfo(weight.dtype).tiny 이상 (값이 모두 같은 그룹)
     z      = lo + 8 * s, s는 저장된 값, weight.dtype으로 반올림
     q      = torch.round((w - z) / s) + 8, s와 z는 저장된 값, [0, 15]로 클리핑
 
@@ -77,8 +79,9 @@ def quantize_int4(weight: torch.Tensor,
     weight.dtype."""
     # 1. Refuse a group size that does not divide the input size (ValueError naming both).
     # 2. View the rows as [out, groups, group_size] in float32; each group's min and max.
-    # 3. The scale, clamped to at least 1e-12 and rounded to weight.dtype (then back to
-    #    float32: quantize with what is stored). The zero from the stored scale, rounded too.
+    # 3. The scale, rounded to weight.dtype, then clamped to at least its smallest normal
+    #    (then back to float32: quantize with what is stored). The zero from the stored
+    #    scale, rounded too.
     # 4. The codes: torch.round((w - z) / s) + 8, clipped to [0, 15], as uint8 [out, in].
     # 5. Pack: even inputs (codes[:, 0::2]) in the low nibble, odd ones shifted left by 4.
     raise NotImplementedError("exercise: implement quantize_int4")

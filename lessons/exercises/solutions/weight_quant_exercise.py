@@ -16,7 +16,9 @@ def quantize_int4(weight: torch.Tensor,
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)  # [out, G]
     # Stored in the weight's dtype; the codes are made for the stored values, so that the
     # round trip is off by half a step of what the kernels will read.
-    scales = ((hi - lo) / 15).clamp(min=1e-12).to(weight.dtype).float()  # [out, G]
+    # a group of equal values: the dtype's smallest normal (1e-12 would be 0 in fp16)
+    tiny = torch.finfo(weight.dtype).tiny
+    scales = ((hi - lo) / 15).to(weight.dtype).clamp(min=tiny).float()  # [out, G]
     zeros = (lo + 8 * scales).to(weight.dtype).float()  # [out, G]: what code 8 stands for
     q = torch.round((w - zeros[..., None]) / scales[..., None]) + 8  # [out, G, group]
     codes = q.clamp(0, 15).to(torch.uint8).view(out, inp)  # [out, in], each in 0..15
