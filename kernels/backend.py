@@ -13,6 +13,7 @@ to make ``TRITON_BACKEND``.
 from pagedllm.reference.ops import Backend, swap_blocks
 
 from .copy_blocks import copy_blocks
+from .mla_decode import paged_mla_attention
 from .paged_attention import paged_attention
 from .rms_norm import rms_norm
 from .rotary import rotary
@@ -24,4 +25,4 @@ from .store_kv import store_kv
 TRITON_OPS = Backend(name="triton-ops", store_kv=store_kv, paged_attention=paged_attention,
                      copy_blocks=copy_blocks, swap_blocks=swap_blocks, rms_norm=rms_norm,
                      rotary=rotary, silu_and_mul=silu_and_mul, sample=sample,
-                     accepted_lengths=accepted_lengths)
+                     accepted_lengths=accepted_lengths, paged_mla_attention=paged_mla_attention)

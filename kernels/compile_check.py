@@ -212,6 +212,7 @@ def _gpu_penalties(constexprs, options):
 # What a launcher passes a GPU instead of what it passed the interpreter, by kernel.
 GPU_VIEW = {"_paged_attention_kernel": _gpu_paged_attention, "_sample_kernel": _gpu_sample,
             "_quant_linear_kernel": _gpu_paged_attention,  # the same DOT_F32 switch
+            "_mla_decode_kernel": _gpu_paged_attention,
             "_penalties_kernel": _gpu_penalties}
 
 
@@ -554,6 +555,26 @@ def _spec_decode_shapes():
     accepted_lengths(wide[:, :17], wide[:, 20:36], torch.tensor([16, 3, 9]))
 
 
+def _mla_decode_shapes():
+    """MLA's absorbed decode at DeepSeek-V2's latent (512 + 64), int32 metadata as the engine
+    passes it: V2-Lite's 16 heads in each dtype, V2's 128 (8 head blocks) in bf16 and fp16 on a
+    mixed batch (a 3-row sequence, a padding row)."""
+    import torch
+
+    from pagedllm.kernels.mla_decode import paged_mla_attention
+    tables = torch.tensor([[0, 2], [1, 3]], dtype=torch.int32)
+    seq_lens = torch.tensor([20, 17], dtype=torch.int32)
+    for dtype, heads, starts in (
+            (torch.bfloat16, 16, [0, 1, 2]), (torch.float16, 16, [0, 1, 2]),
+            (torch.float32, 16, [0, 1, 2]), (torch.bfloat16, 128, [0, 3, 4]),
+            (torch.float16, 128, [0, 3, 4])):
+        rows = starts[-1] + 1  # one padding row
+        paged_mla_attention(torch.randn(rows, heads, 512).to(dtype),
+                            torch.randn(rows, heads, 64).to(dtype),
+                            torch.randn(4, 16, 576).to(dtype), tables, seq_lens,
+                            torch.tensor(starts, dtype=torch.int32), 0.1)
+
+
 def _exercise_shapes():
     """The lessons' Triton exercises (their solutions): lesson 10's paged decode and lesson 13's
     store_kv, at their tests' shapes (fp32, blocks of 4, small heads) and at real models' (bf16
@@ -633,6 +654,8 @@ def record_cases(matrix: str = "full") -> list[Case]:
              lambda p: _speculative_decoding(p, "bfloat16"), 3.0),
         Case("direct: weight-only quantized products", None,
              _direct(lambda: _quant_linear_shapes(full)), 3.0),
+        Case("direct: MLA decode at DeepSeek-V2's sizes", None, _direct(_mla_decode_shapes),
+             2.0),
     ]
     if EXERCISES.is_dir():
         cases.append(Case("direct: the lessons' Triton exercises (solutions)", None,

@@ -31,7 +31,7 @@ class DeviceAttention(PagedAttention):
     """
 
     def read(self, layer, q, scale, sliding_window=None):
-        md = self.metadata
+        md = self.metadata_of(layer)
         return self.backend.paged_attention(
             q, self.k_caches[layer], self.v_caches[layer], md.block_tables, md.seq_lens,
             md.query_start_loc, scale, sliding_window, *self.quant.args(layer))
@@ -51,6 +51,8 @@ class CudaGraphs:
         tensor-parallel forward's all-reduces are not captured (gloo cannot be; NCCL
         untried)."""
         if runner.device.type != "cuda" or runner.attention is not DeviceAttention:
+            return None
+        if runner.config.model_config.is_mla:  # its decodes are picked out on the host
             return None
         return cls(runner)
 

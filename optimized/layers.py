@@ -12,8 +12,11 @@ code, on the backend's ops. The weights are the reference loader's, concatenated
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.reference.model.deepseek_v2 import DeepseekV2ForCausalLM
+from pagedllm.reference.model.gemma3 import Gemma3Attention, Gemma3ForCausalLM, Gemma3MLP
 from pagedllm.reference.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from pagedllm.reference.model.opt import OPTAttention, OPTForCausalLM
 from pagedllm.reference.model.quantization import QuantizedLinear, decoder_stack
@@ -99,6 +102,47 @@ class MergedLlamaMLP(nn.Module):
 # --8<-- [end:merged_mlp]
 
 
+class MergedGemma3Attention(nn.Module):
+    """Gemma3Attention with one qkv_proj: the same merge as Llama's (the per-head norms, the
+    layer kind's rotary and window are the reference's, untouched)."""
+
+    def __init__(self, ref: Gemma3Attention, device: torch.device):
+        super().__init__()
+        self.layer_idx, self.head_dim = ref.layer_idx, ref.head_dim
+        self.num_heads, self.num_kv_heads = ref.num_heads, ref.num_kv_heads
+        self.qkv_proj = _merged_linear([ref.q_proj, ref.k_proj, ref.v_proj])
+        self.o_proj, self.q_norm, self.k_norm = ref.o_proj, ref.q_norm, ref.k_norm
+        self.inv_freq = ref.inv_freq.to(device)  # once, as MergedLlamaAttention does
+        self.sliding_window, self.scale = ref.sliding_window, ref.scale
+        self.sizes = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                      self.num_kv_heads * self.head_dim]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        T, ops = x.shape[0], attn.backend
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # views of one [T, qkv] output
+        q = self.q_norm(q.reshape(T, self.num_heads, self.head_dim))  # [T, heads, head_dim]
+        k = self.k_norm(k.reshape(T, self.num_kv_heads, self.head_dim))
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        q, k = ops.rotary(q, k, positions, self.inv_freq)
+        out = attn.attend(self.layer_idx, q, k, v, positions, self.scale,
+                          self.sliding_window)
+        return self.o_proj(out.reshape(T, -1))  # [T, hidden]
+
+
+class MergedGemma3MLP(nn.Module):
+    """Gemma3MLP with one gate_up_proj; GeGLU's gelu (tanh) is torch's, as in the reference
+    (the backend has no GELU op)."""
+
+    def __init__(self, ref: Gemma3MLP):
+        super().__init__()
+        self.gate_up_proj = _merged_linear([ref.gate_proj, ref.up_proj])
+        self.down_proj = ref.down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inter] each
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)  # [T, hidden]
+
+
 class MergedOPTAttention(nn.Module):
     """OPTAttention with one qkv_proj."""
 
@@ -176,7 +220,8 @@ def transpose_linears(model: nn.Module) -> nn.Module:
 
 
 def merge_projections(model: nn.Module) -> nn.Module:
-    """The reference model, its attention (and Llama MLP) projections merged in place."""
+    """The reference model, its attention (and Llama / Gemma 3 MLP) projections merged in
+    place."""
     device = next(model.parameters()).device  # the embedding's: never quantized
     if isinstance(model, LlamaForCausalLM):
         frequencies = {}  # equal rotary frequencies, one tensor: a step's tables are shared
@@ -189,7 +234,19 @@ def merge_projections(model: nn.Module) -> nn.Module:
     elif isinstance(model, OPTForCausalLM):
         for layer in model.model.decoder.layers:
             layer.self_attn = MergedOPTAttention(layer.self_attn)
+    elif isinstance(model, Gemma3ForCausalLM):
+        # Merged as Llama's (two products fewer a layer); the layers of one kind, local or
+        # global, share one frequency tensor, as Llama's equal ones do.
+        frequencies = {}
+        for layer in model.model.layers:
+            layer.self_attn = MergedGemma3Attention(layer.self_attn, device)
+            layer.mlp = MergedGemma3MLP(layer.mlp)
+            inv_freq = layer.self_attn.inv_freq
+            layer.self_attn.inv_freq = frequencies.setdefault(tuple(inv_freq.tolist()),
+                                                              inv_freq)
+    elif isinstance(model, DeepseekV2ForCausalLM):
+        pass  # its projections feed the latent path separately (q, the latent, o): kept
     else:
-        raise ValueError(f"the optimized tier runs the Llama family and OPT, not "
-                         f"{type(model).__name__}")
+        raise ValueError(f"the optimized tier runs the Llama family, OPT, Gemma 3 and "
+                         f"DeepSeek-V2, not {type(model).__name__}")
     return model.eval()

@@ -139,6 +139,15 @@ class ModelRunner(ReferenceModelRunner):
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """logits [S, vocab] for the step's logits_indices rows."""
+        layer_metadata = self.layer_metadata(inputs)
+        if layer_metadata is not None:
+            # Several KV cache groups (a hybrid model): each layer reads its group's block
+            # tables, from the step's own tensors; the buffers, and so a CUDA graph or the
+            # one-call decode step, hold one group's.
+            ctx = self.attention(inputs.attn_metadata, self.k_caches, self.v_caches,
+                                 self.backend, self.kv_quant, layer_metadata)
+            return self.model(inputs.input_ids, inputs.positions, ctx,
+                              logits_indices=inputs.logits_indices)  # [S, vocab]
         if self.whole_step is not None:
             logits = self.whole_step(inputs)  # None: not a step it runs
             if logits is not None:

@@ -15,7 +15,10 @@ shrinks the kv_heads factor: Llama-3-8B keeps 8 KV heads for 32 query heads, 128
 A sliding-window model (every layer reads the last W tokens, as Mistral-7B-v0.1's 4,096) gives
 back the blocks that fall out of the window, so a decoding sequence holds at most
 ceil(W / block_size) + 1 blocks, however long it is: Mistral-7B-v0.1 at 32,768 tokens costs
-the 257 blocks of 16 (4,112 tokens) of its window, not 2,048 blocks.
+the 257 blocks of 16 (4,112 tokens) of its window, not 2,048 blocks. A model that mixes
+windowed and full layers (Gemma 3) is priced as the engine lays it out: its layers in KV cache
+groups (``kv/kv_cache_spec.py``'s ``group_layers``), a windowed group holding at most its
+window's blocks, a full group every block.
 
 The same arithmetic plans capacity. In a KV budget of M bytes, a contiguous cache that reserves
 the full context L for every sequence fits M / (L x bytes per token) sequences, however short
@@ -36,6 +39,14 @@ from pathlib import Path
 
 import torch
 
+from .kv.kv_cache_spec import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    group_layers,
+)
 from .model.config import load_config
 from .ops.kv_quant import kv_cache_format
 
@@ -52,9 +63,12 @@ class KVSize:
     num_kv_heads: int
     head_dim: int
     dtype_bytes: int
-    max_len: int  # the model's maximum sequence length (max_position_embeddings)
-    kv_cache_dtype: str = "auto"  # auto: dtype_bytes per element; else ops/kv_quant.py
-    sliding_window: int | None = None  # every layer reads the last W tokens; None: all
+    max_len: int  # the model's maximum sequence length
+    kv_cache_dtype: str = "auto"  # auto: dtype_bytes each; else ops/kv_quant.py
+    # per layer, the window it attends to (None: all tokens); () if none slides
+    layer_windows: tuple[int | None, ...] = ()
+    # MLA: one latent row of head_dim numbers a token and layer, no V
+    latent: bool = False
 
     @property
     def bytes_per_token_head(self) -> int:
@@ -64,7 +78,10 @@ class KVSize:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.bytes_per_token_head
+        """Every layer's K and V of one token: what a token costs where every
+        layer keeps it (full attention, or a contiguous slab)."""
+        heads = self.num_layers * self.num_kv_heads
+        return (1 if self.latent else 2) * heads * self.bytes_per_token_head
 
     def bytes_for(self, num_tokens: int) -> int:
         return num_tokens * self.bytes_per_token
@@ -72,18 +89,42 @@ class KVSize:
     @property
     def tokens_per_gib(self) -> int:
         return GIB // self.bytes_per_token
+# --8<-- [end:kv_size]
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The window, where every layer slides over the same one (Mistral); else None."""
+        windows = set(self.layer_windows)
+        return windows.pop() if len(windows) == 1 and None not in windows else None
+
+    def kv_cache_groups(self, block_size: int = 16) -> tuple[KVCacheGroupSpec, ...]:
+        """The layers grouped as the engine's runner groups them (``group_layers``)."""
+        dtype = {2: torch.float16, 4: torch.float32, 8: torch.float64}[self.dtype_bytes]
+        shape = (block_size, self.num_kv_heads, self.head_dim, dtype, self.kv_cache_dtype)
+        if self.latent:
+            return group_layers([MLAAttentionSpec(*shape)] * self.num_layers)
+        windows = self.layer_windows or (None,) * self.num_layers
+        return group_layers([FullAttentionSpec(*shape) if w is None
+                             else SlidingWindowSpec(*shape, sliding_window=w) for w in windows])
+
+    def bytes_per_block(self, block_size: int = 16) -> int:
+        """What one block id costs the pool: a row in each tensor its group's layers share
+        (one group: every layer's K and V for block_size tokens)."""
+        return KVCacheConfig(1, 0, self.kv_cache_groups(block_size)).bytes_per_block
 
     # --8<-- [start:held_tokens]
     def held_blocks(self, num_tokens: int, block_size: int = 16) -> int:
-        """Blocks a decoding sequence of num_tokens tokens holds: all of them, or with a
-        sliding window at most ceil(W / block_size) + 1 (the window at any offset in its
-        blocks; the ones before it went back to the pool)."""
-        blocks = math.ceil(num_tokens / block_size)
-        if self.sliding_window is None:
-            return blocks
-        return min(blocks, math.ceil(self.sliding_window / block_size) + 1)
+        """Blocks a decoding sequence of num_tokens tokens holds in its KV cache
+        groups: a full group all of them, a windowed group at most
+        ceil(W / block_size) + 1 (the window at any offset in its blocks; those
+        before it went back to the pool)."""
+        groups = self.kv_cache_groups(block_size)
+        return sum(g.kv_cache_spec.max_blocks_per_seq(num_tokens) for g in groups)
     # --8<-- [end:held_tokens]
-# --8<-- [end:kv_size]
+
+    def bytes_held(self, num_tokens: int, block_size: int = 16) -> int:
+        """The pool's bytes a decoding sequence of num_tokens tokens holds."""
+        return self.held_blocks(num_tokens, block_size) * self.bytes_per_block(block_size)
 
 
 # Published configs (config.json of each model), fp16/bf16 as served. kv_heads < heads is GQA.
@@ -105,11 +146,51 @@ PRESETS = {  # name: (layers, kv_heads, head_dim, max_len)
     "qwen3-0.6b": (28, 8, 128, 40960),
     "qwen3-8b": (36, 8, 128, 40960),
     "smollm2-135m-instruct": (30, 3, 64, 8192),  # the real model pagedllm runs (registry.py)
+    "gemma-3-1b": (26, 1, 256, 32768),  # 5 local layers (window 512) to 1 global
+    "gemma-3-27b": (62, 16, 128, 131072),  # 5 local layers (window 1024) to 1 global
 }
 
 
 # Presets whose every layer attends to a sliding window (config.json's sliding_window).
 SLIDING_WINDOWS = {"mistral-7b": 4096}
+# Presets that mix kinds: (window, n) — every n-th layer is global, the others slide (Gemma 3's
+# sliding_window_pattern: layer i is global where (i + 1) % n == 0).
+LAYER_PATTERNS = {"gemma-3-1b": (512, 6), "gemma-3-27b": (1024, 6)}
+
+
+# Latent-attention (MLA) models: (layers, kv_lora_rank, qk_rope_head_dim, max_len, query heads,
+# qk_nope_head_dim, v_head_dim). A token and layer cache kv_lora_rank + qk_rope_head_dim numbers.
+LATENT_PRESETS = {"deepseek-v2": (60, 512, 64, 163840, 128, 128, 128),
+                  "deepseek-v3": (61, 512, 64, 163840, 128, 128, 128)}
+
+
+# --8<-- [start:attention_variants]
+def attention_variants(name: str, dtype_bytes: int = 2,
+                       gqa_kv_heads: int = 8) -> list[tuple[str, str, int]]:
+    """Bytes a token costs a latent preset's layers under each attention kind: (kind, what
+    each layer caches, bytes per token). MHA, GQA and MQA cache K and V for 128, 8 and 1 K/V
+    heads of the query heads' size; MLA one latent row (DeepSeek-V2's paper, Table 1)."""
+    layers, rank, rope, _, heads, nope, _ = LATENT_PRESETS[name]
+    head_dim = nope  # the size a head would have without the latent (128)
+
+    def kv(kv_heads: int) -> int:
+        return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+    return [("MHA", f"K and V, {heads} heads of {head_dim}", kv(heads)),
+            ("GQA", f"K and V, {gqa_kv_heads} heads of {head_dim}", kv(gqa_kv_heads)),
+            ("MQA", f"K and V, 1 head of {head_dim}", kv(1)),
+            ("MLA", f"a latent of {rank} + a rotary key of {rope}",
+             layers * (rank + rope) * dtype_bytes)]
+# --8<-- [end:attention_variants]
+
+
+def _preset_windows(name: str, num_layers: int) -> tuple[int | None, ...]:
+    if name in SLIDING_WINDOWS:
+        return (SLIDING_WINDOWS[name],) * num_layers
+    if name in LAYER_PATTERNS:
+        window, n = LAYER_PATTERNS[name]
+        return tuple(None if (i + 1) % n == 0 else window for i in range(num_layers))
+    return ()
 
 
 def kv_size(model: str | Path, dtype: torch.dtype | str | None = None,
@@ -132,18 +213,23 @@ def kv_size(model: str | Path, dtype: torch.dtype | str | None = None,
         layers, kv_heads, head_dim, max_len = PRESETS[str(model)]
         item = torch.empty((), dtype=dtype or torch.float16).element_size()
         return KVSize(str(model), layers, kv_heads, head_dim, item, max_len, kv_cache_dtype,
-                      SLIDING_WINDOWS.get(str(model)))
+                      _preset_windows(str(model), layers))
+    if str(model) in LATENT_PRESETS:
+        layers, rank, rope, max_len = LATENT_PRESETS[str(model)][:4]
+        item = torch.empty((), dtype=dtype or torch.bfloat16).element_size()
+        return KVSize(str(model), layers, 1, rank + rope, item, max_len, kv_cache_dtype,
+                      latent=True)
     if str(model) == "" or not Path(model).exists():
         raise ValueError(f"{str(model)!r} is neither a preset nor a folder; presets: "
-                         f"{', '.join(PRESETS)}")
+                         f"{', '.join([*PRESETS, *LATENT_PRESETS])}")
     cfg = load_config(model)
     item = torch.empty((), dtype=dtype or cfg.dtype).element_size()
-    # One window over every layer frees blocks (the engine's SlidingWindowSpec); layers of
-    # mixed kinds are priced whole, as the engine keeps their blocks (one group) for now.
-    windows = set(cfg.sliding_windows)
-    window = windows.pop() if len(windows) == 1 else None
+    if cfg.is_mla:  # one latent row a token and layer
+        return KVSize(Path(model).name, cfg.num_layers, 1, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                      item, cfg.max_position_embeddings, kv_cache_dtype, latent=True)
+    windows = cfg.sliding_windows if any(w is not None for w in cfg.sliding_windows) else ()
     return KVSize(Path(model).name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, item,
-                  cfg.max_position_embeddings, kv_cache_dtype, window)
+                  cfg.max_position_embeddings, kv_cache_dtype, tuple(windows))
 
 
 def _parse_dtype(name: str) -> torch.dtype:
@@ -162,9 +248,11 @@ def describe(s: KVSize, tokens: int | None = None, block_size: int = 16) -> str:
         per_head = f"{s.head_dim} head dim x {s.dtype_bytes} bytes"
     else:
         per_head = f"{s.bytes_per_token_head} bytes per head ({s.kv_cache_dtype}, scales included)"
+    what = (f"{s.num_layers} layers x one latent row of {s.head_dim} x {s.dtype_bytes} bytes"
+            if s.latent else
+            f"2 (K and V) x {s.num_layers} layers x {s.num_kv_heads} KV heads x {per_head}")
     lines = [
-        f"{s.name}: 2 (K and V) x {s.num_layers} layers x {s.num_kv_heads} KV heads "
-        f"x {per_head}",
+        f"{s.name}: {what}",
         f"  bytes per token: {s.bytes_per_token:,} ({s.bytes_per_token / 1024:,.1f} KiB)",
         f"  tokens per GiB:  {s.tokens_per_gib:,}",
         f"  {tokens:,} tokens: {total:,} bytes = {total / 2**20:,.0f} MiB "
@@ -172,10 +260,25 @@ def describe(s: KVSize, tokens: int | None = None, block_size: int = 16) -> str:
     ]
     if s.sliding_window is not None:
         held = s.held_blocks(tokens, block_size)
-        held_bytes = s.bytes_for(held * block_size)
+        held_bytes = s.bytes_held(tokens, block_size)
         lines.append(f"  sliding window {s.sliding_window:,}: a sequence holds at most {held:,} "
                      f"blocks of {block_size} = {held_bytes:,} bytes = "
                      f"{held_bytes / 2**20:,.0f} MiB, however long")
+    if s.name in LATENT_PRESETS:  # what the latent saves, kind by kind
+        rows = attention_variants(s.name, s.dtype_bytes)
+        mla = rows[-1][2]
+        lines.append(f"  the same {s.num_layers} layers under each kind of attention:")
+        lines += [f"    {kind}  {what:42} {cost:>10,} B per token  {cost / mla:5.2f}x MLA"
+                  for kind, what, cost in rows]
+    elif s.layer_windows:  # windowed and full layers: a group per kind (or several)
+        groups = s.kv_cache_groups(block_size)
+        local = sum(isinstance(g.kv_cache_spec, SlidingWindowSpec) for g in groups)
+        held_bytes = s.bytes_held(tokens, block_size)
+        lines.append(f"  {len(groups)} KV cache groups of {len(groups[0].layer_ids)} layers "
+                     f"({local} windowed, {len(groups) - local} full): {tokens:,} tokens hold "
+                     f"{s.held_blocks(tokens, block_size):,} blocks of {block_size} = "
+                     f"{held_bytes:,} bytes = {held_bytes / 2**20:,.0f} MiB "
+                     f"({held_bytes / total:.0%} of every layer's)")
     return "\n".join(lines)
 
 
@@ -196,7 +299,7 @@ def paged_capacity(s: KVSize, memory_bytes: int, mean_tokens: int,
     """
     _check_positive(memory_bytes=memory_bytes, mean_tokens=mean_tokens,
                     block_size=block_size)
-    num_blocks = memory_bytes // s.bytes_for(block_size)
+    num_blocks = memory_bytes // s.bytes_per_block(block_size)
     # a window: at most its own blocks
     return num_blocks // s.held_blocks(mean_tokens, block_size)
 

@@ -207,10 +207,20 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     # A name or a GGUF -> a folder (converted in dtype_name; a folder's own dtype is kept).
     model_dir = resolve_model(args.model, None if dtype_name == "auto" else dtype_name)
     cfg = load_config(model_dir)  # says what is wrong with a missing, empty or bad folder
+    if cfg.is_mla and args.tensor_parallel_size > 1:
+        raise FieldValueError("tensor_parallel_size", f"{args.model} uses multi-head latent "
+                              "attention, whose one latent row a token is shared by every "
+                              "head: splitting it across ranks is not built; use "
+                              "tensor_parallel_size=1")
     model_dir = Path(model_dir)
     if dtype_name == "auto":
         dtype_name = auto_dtype(device, cfg.dtype)
     kv_format = _sixteen_bit_cache(kv_format, dtype_name)
+    if cfg.is_mla and kv_format.name != "auto":
+        raise FieldValueError("kv_cache_dtype", f"kv_cache_dtype {kv_format.name!r}: the "
+                              f"latent cache of {args.model} (multi-head latent attention) is "
+                              "stored in the model's dtype; a quantized latent is not built: "
+                              "use kv_cache_dtype='auto'")
     if args.quantization == "gguf" and converted_from(model_dir) is None:
         raise FieldValueError("quantization", f"quantization 'gguf' serves a GGUF file's own "
                               f"blocks; {args.model} is not a .gguf model: give a .gguf file "

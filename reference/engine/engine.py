@@ -29,7 +29,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..kv import ContiguousKVCacheManager, KVCacheConfig, PagedKVCacheManager
+from ..kv import (
+    ContiguousKVCacheManager,
+    KVCacheConfig,
+    PagedKVCacheManager,
+    keep_every_token,
+)
 from ..model.loader import load_tokenizer
 from ..model.quantization import float_linears, weight_bytes
 from ..spec_decode.propose import make_proposer, propose
@@ -65,18 +70,20 @@ class LLMEngine:
         # None: the runner measures what the GPU has left once weights and a step are in.
         num_gpu_blocks = config.num_gpu_blocks or self.runner.profile_num_blocks()
         if config.kv_layout == "paged":
+            groups = self.runner.get_kv_cache_spec(config.block_size)
             self.kv = PagedKVCacheManager(config.block_size, num_gpu_blocks,
                                           config.swap_space_blocks, config.enable_prefix_caching,
-                                          self.runner.get_kv_cache_spec(config.block_size))
+                                          groups)
         else:
             self.kv = ContiguousKVCacheManager(num_gpu_blocks * config.block_size,
                                                config.reservation_policy, config.max_model_len)
+            # a slab keeps every layer's rows to the end: one group, a tensor per layer
+            groups = keep_every_token(self.runner.get_kv_cache_spec(self.kv.block_size))
         # The pool as the KV manager counts it (a slab's slots are blocks of one), for the
         # runner to allocate: it owns the tensors.
         self.kv_cache_config = KVCacheConfig(
             self.kv.num_total_blocks,
-            config.swap_space_blocks if config.kv_layout == "paged" else 0,
-            self.runner.get_kv_cache_spec(self.kv.block_size))
+            config.swap_space_blocks if config.kv_layout == "paged" else 0, groups)
         self.runner.initialize_kv_cache(self.kv_cache_config)
         self.device = next(self.runner.model.parameters()).device
         self.vocab_size = config.model_config.vocab_size

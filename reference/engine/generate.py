@@ -11,6 +11,7 @@ import torch
 
 from ..kv import BlockSpaceManager, CacheEngine, ContiguousAllocator
 from ..model import AttentionMetadata, ContiguousCache, NoCache, PagedAttention
+from ..model.latent_cache import ContiguousLatentCache
 from ..ops import SamplingMetadata, sample
 from ..ops.sampling import SamplingRow
 from .request_checks import check_prompt
@@ -24,6 +25,8 @@ def make_cache(model, kind: str, max_len: int):
         return NoCache()
     if kind == "contiguous":
         param = next(model.parameters())
+        if cfg.is_mla:  # one latent row a token and layer, not K and V per head
+            return ContiguousLatentCache.for_config(cfg, max_len, param.dtype, param.device)
         return ContiguousCache(cfg.num_layers, max_len, cfg.num_kv_heads, cfg.head_dim,
                                dtype=param.dtype, device=param.device)
     raise ValueError(f"cache {kind!r} is unknown; choose one of {CACHE_KINDS}")
@@ -93,6 +96,10 @@ def generate_many(model, prompts: list[list[int]], max_new_tokens: int, *,
     cfg = model.config
     tokens = [check_prompt(p, cfg.vocab_size) for p in prompts]
     param = next(model.parameters())
+    if cfg.is_mla and kv_layout != "per-sequence":
+        raise ValueError(f"kv_layout {kv_layout!r} builds per-head K/V blocks; a latent-"
+                         "attention (MLA) model runs here with kv_layout='per-sequence', or "
+                         "paged in the engine (LLM)")
     if kv_layout == "per-sequence":
         caches = [make_cache(model, "contiguous", len(t) + max_new_tokens) for t in tokens]
         prompt_lens = [len(t) for t in tokens]

@@ -19,7 +19,15 @@ checks read (``config.py``), so that a tier refuses what it does not run at the 
 
 import torch
 
-from ..kv import CacheEngine, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+from ..kv import (
+    CacheEngine,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    group_layers,
+)
 from ..model import KVCacheQuant, PagedAttention
 from ..model.tensor_parallel import all_reduce_max, attention_heads
 from ..ops import REFERENCE_BACKEND, Backend, SamplerOutput, SamplingMetadata
@@ -59,31 +67,44 @@ class ModelRunner:
     # --8<-- [start:kv_cache]
     def get_kv_cache_spec(self, block_size: int) -> tuple[KVCacheGroupSpec, ...]:
         """What this runner's layers cache, for blocks of block_size tokens, with this rank's
-        KV heads (vLLM's ``get_kv_cache_spec``): one group of every layer — a sliding window
-        where every layer slides over the same W (Mistral: its blocks out of the window go
-        back to the pool), else full attention (a layer with a window of its own still reads
-        only its window, but the pool keeps every block: one group per window is to come)."""
+        KV heads (vLLM's ``get_kv_cache_spec``): per layer, a sliding window where the layer
+        slides (its blocks out of the window go back to the pool), else full attention; the
+        layers grouped by kind (``group_layers``): one group when every layer is of one kind
+        (Llama: full; Mistral: one window; DeepSeek-V2: latent), several for a model that
+        mixes them (Gemma 3)."""
         cfg, config = self.config.model_config, self.config
+        if cfg.is_mla:  # one latent row a token and layer, shared by every head
+            width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+            spec = MLAAttentionSpec(block_size, 1, width, config.dtype, config.kv_cache_dtype)
+            return group_layers([spec] * cfg.num_layers)
         heads = attention_heads(cfg, self.rank, config.tensor_parallel_size)[1]
         shape = (block_size, len(heads), cfg.head_dim, config.dtype, config.kv_cache_dtype)
-        windows = set(cfg.sliding_windows)  # one entry per layer, None for full attention
-        if len(windows) == 1 and None not in windows:
-            spec = SlidingWindowSpec(*shape, sliding_window=windows.pop())
-        else:
-            spec = FullAttentionSpec(*shape)
-        return (KVCacheGroupSpec(tuple(range(cfg.num_layers)), spec),)
+        windows = cfg.sliding_windows or (None,) * cfg.num_layers  # None: full attention
+        return group_layers([FullAttentionSpec(*shape) if w is None
+                             else SlidingWindowSpec(*shape, sliding_window=w) for w in windows])
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        """Allocate the KV pool the engine decided on (one K and one V tensor per layer, on
-        this runner's device, and the CPU swap space) and how it is quantized."""
+        """Allocate the KV pool the engine decided on (K and V tensors, shared by one layer of
+        every KV cache group, on this runner's device, and the CPU swap space) and how it is
+        quantized; each layer is handed its tensors and, every step, its group's metadata."""
         device = next(self.model.parameters()).device
         self.cache_engine = CacheEngine.from_kv_cache_config(
             kv_cache_config, device, self.backend, self.config.calculate_kv_scales)
-        self.k_caches, self.v_caches = self.cache_engine.gpu_k, self.cache_engine.gpu_v
+        self.k_caches, self.v_caches = self.cache_engine.layer_k, self.cache_engine.layer_v
         self.kv_quant = self.cache_engine.quant
+        self.layer_groups = [kv_cache_config.group_of_layer(layer)
+                             for layer in range(kv_cache_config.num_layers)]
         if self.config.tensor_parallel_size > 1:  # fp8 calibrates over every rank's heads
             self.kv_quant.reduce_max = all_reduce_max
     # --8<-- [end:kv_cache]
+
+    def layer_metadata(self, inputs: StepInputs) -> list | None:
+        """Each layer's attention metadata where the model has several KV cache groups (its
+        group's block tables and slots); None where every layer reads inputs.attn_metadata."""
+        if not inputs.kv_group_metadata:
+            return None
+        groups = (inputs.attn_metadata, *inputs.kv_group_metadata)
+        return [groups[g] for g in self.layer_groups]
 
     def move_blocks(self, blocks_to_swap_out: list[tuple[int, int]],
                     blocks_to_swap_in: list[tuple[int, int]],
@@ -106,7 +127,7 @@ class ModelRunner:
         """One forward over every scheduled token of every sequence, laid flat."""
         context = self.backend.attention_context or PagedAttention
         attn = context(inputs.attn_metadata, self.k_caches, self.v_caches, self.backend,
-                       self.kv_quant)
+                       self.kv_quant, self.layer_metadata(inputs))
         return self.model(inputs.input_ids, inputs.positions, attn,
                           logits_indices=inputs.logits_indices)  # [S, vocab]
     # --8<-- [end:execute]

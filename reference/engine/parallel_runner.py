@@ -231,7 +231,8 @@ def _key(step: int) -> str:
 
 def _without_sampling(inputs: StepInputs) -> StepInputs:
     return StepInputs(inputs.input_ids, inputs.positions, inputs.attn_metadata,
-                      inputs.logits_indices, rows=[], sampling=None)
+                      inputs.logits_indices, rows=[], sampling=None,
+                      kv_group_metadata=inputs.kv_group_metadata)
 
 
 def _start_ranks(config) -> tuple[list, dist.Store]:

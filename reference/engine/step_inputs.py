@@ -8,6 +8,8 @@ manager knows where their tokens live. This turns both into flat tensors (vLLM V
     block_tables [B, max_blocks]      each sequence's physical blocks, int32, zero-padded
     seq_lens [B]                      tokens in the cache per sequence after this step
     query_start_loc [B + 1]           sequence b's rows are query_start_loc[b]:[b + 1]
+    kv_group_metadata                 a hybrid model (several KV cache groups): groups 1..'s
+                                      own slot_mapping and block_tables for the same rows
     logits_indices [S (+ P)]          the rows whose logits are sampled: each sequence's last
                                       row when the step reaches its last token — repeated n times
                                       for a prompt that forks into n samples; a sequence with k
@@ -51,6 +53,9 @@ class StepInputs:
     sampling: SamplingMetadata
     # prompt_logprobs' rows: logits rows len(rows) onwards, in this order
     prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
+    # A model with several KV cache groups: groups 1.. (attn_metadata is group 0's), the
+    # same sequences and lengths over each group's own block tables and slots
+    kv_group_metadata: tuple[AttentionMetadata, ...] = ()
 
 
 def _sample_indices(item: ScheduledSeq) -> list[int]:
@@ -106,6 +111,19 @@ def _row_matcher(row: LogitsRow):
 # --8<-- [end:sampling_row]
 
 
+def group_slots_and_tables(sched: SchedulerOutput, kv,
+                           kv_cache_group: int) -> tuple[list[int], list[list[int]]]:
+    """The step's slot mapping and block tables in one KV cache group: the rows
+    prepare_inputs lays out (padding rows store nothing), over that group's blocks."""
+    slots, tables = [], []
+    for item in sched.scheduled:
+        start = item.seq.num_computed_tokens
+        end = start + item.num_tokens + len(item.spec_token_ids)
+        slots += kv.slot_mapping(item.seq, start, end, kv_cache_group)
+        tables.append(kv.block_table(item.seq, kv_cache_group))
+    return slots + [-1] * sum(sched.padding_rows), tables
+
+
 # --8<-- [start:prepare_inputs]
 def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
                    eos_token_id: int | None, device: torch.device) -> StepInputs:
@@ -139,18 +157,25 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         positions += range(n)
         slots += [-1] * n
 
-    max_blocks = max((len(t) for t in tables), default=0)
-    block_tables = torch.tensor(
-        [t + [0] * (max_blocks - len(t)) for t in tables],
-        dtype=torch.int32).view(len(tables), max_blocks)  # [B, max_blocks]
     seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)  # [B]
     query_start_loc_cpu = torch.tensor(starts, dtype=torch.int32)  # [B + 1]
-    attn = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),  # [T]
-        block_tables=block_tables.to(device),
-        seq_lens=seq_lens_cpu.to(device),
-        query_start_loc=query_start_loc_cpu.to(device),
-        seq_lens_cpu=seq_lens_cpu, query_start_loc_cpu=query_start_loc_cpu)
+    seq_lens_dev, starts_dev = seq_lens_cpu.to(device), query_start_loc_cpu.to(device)
+
+    def metadata(slots: list[int], tables: list[list[int]]) -> AttentionMetadata:
+        max_blocks = max((len(t) for t in tables), default=0)
+        block_tables = torch.tensor(
+            [t + [0] * (max_blocks - len(t)) for t in tables],
+            dtype=torch.int32).view(len(tables), max_blocks)  # [B, max_blocks]
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),  # [T]
+            block_tables=block_tables.to(device), seq_lens=seq_lens_dev,
+            query_start_loc=starts_dev, seq_lens_cpu=seq_lens_cpu,
+            query_start_loc_cpu=query_start_loc_cpu)
+
+    attn = metadata(slots, tables)
+    # a hybrid model's further KV cache groups: the same rows, their own blocks
+    more = tuple(metadata(*group_slots_and_tables(sched, kv, g))
+                 for g in range(1, kv.num_kv_cache_groups))
     sampling_rows = [_sampling_row(r.item, r.sample_index, eos_token_id, r.offset)
                      for r in rows]
     matchers = [_row_matcher(r) for r in rows]  # a prompt's n rows share its matcher
@@ -165,5 +190,5 @@ def prepare_inputs(sched: SchedulerOutput, kv, vocab_size: int,
         attn_metadata=attn,
         logits_indices=torch.tensor(logits_indices + kept_indices, dtype=torch.int64,
                                     device=device),  # [S + P]
-        rows=rows, sampling=sampling, prompt_rows=kept)
+        rows=rows, sampling=sampling, prompt_rows=kept, kv_group_metadata=more)
 # --8<-- [end:prepare_inputs]

@@ -18,11 +18,16 @@ from .kv_cache_spec import (
                             FullAttentionSpec,
                             KVCacheConfig,
                             KVCacheGroupSpec,
+                            MLAAttentionSpec,
                             SlidingWindowSpec,
+                            group_layers,
+                            keep_every_token,
 )
 from .prefix_cache import PrefixCache, block_key
 
 __all__ = ["AttentionSpec", "BlockPool", "BlockSpaceManager", "BlockTable", "CacheEngine",
            "ContiguousAllocator", "ContiguousKVCacheManager", "FullAttentionSpec",
-           "KVCacheBlocks", "KVCacheConfig", "KVCacheGroupSpec", "PagedKVCacheManager",
-           "PrefixCache", "SlidingWindowSpec", "block_key"]
+           "KVCacheBlocks", "KVCacheConfig", "KVCacheGroupSpec", "MLAAttentionSpec",
+           "PagedKVCacheManager",
+           "PrefixCache", "SlidingWindowSpec", "block_key", "group_layers",
+           "keep_every_token"]

@@ -117,10 +117,20 @@ class BlockSpaceManager:
     """Allocates, shares, copies on write and swaps the blocks of sequences, by sequence id."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0,
-                 enable_prefix_caching: bool = False, sliding_window: int | None = None):
+                 enable_prefix_caching: bool = False, sliding_window: int | None = None,
+                 pools_of: "BlockSpaceManager | None" = None, group: int = 0,
+                 null_block: bool = False):
         """sliding_window: every layer reads only the last W tokens, so blocks wholly before
         the window go back to the pool (``remove_skipped_blocks``); None: full attention,
-        every block is held until the sequence ends."""
+        every block is held until the sequence ends.
+
+        A model with several KV cache groups (``kv_cache_spec.py``) has one manager per group,
+        each with its own block tables, over one pool: pools_of is the first group's manager,
+        whose block pools and prefix cache this one shares (num_gpu_blocks, num_cpu_blocks
+        and enable_prefix_caching are then its). group is this group's index: it keeps its
+        prefix-cache keys apart from the other groups' (the same tokens are other K/V).
+        null_block: give the pool its null block even if this group does not slide (a later
+        group does)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(
@@ -129,9 +139,19 @@ class BlockSpaceManager:
                              f"{sliding_window!r}")
         self.block_size = block_size
         self.sliding_window = sliding_window
-        self.gpu = BlockPool(num_gpu_blocks, "gpu", null_block=sliding_window is not None)
-        self.cpu = BlockPool(num_cpu_blocks, "cpu")
         self.tables: dict[int, BlockTable] = {}
+        # the first block's parent in the chain of keys: None, or this group's own root
+        self.key_root = f"kv cache group {group}" if group else None
+        if pools_of is not None:
+            self.gpu, self.cpu, self.prefix_cache = (pools_of.gpu, pools_of.cpu,
+                                                     pools_of.prefix_cache)
+            if sliding_window is not None and self.gpu.null_block is None:
+                raise ValueError("a sliding-window group needs a pool with the null block: "
+                                 "build the first group's manager with null_block=True")
+            return
+        self.gpu = BlockPool(num_gpu_blocks, "gpu",
+                             null_block=null_block or sliding_window is not None)
+        self.cpu = BlockPool(num_cpu_blocks, "cpu")
         self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
 
     def _new_block(self, pool: BlockPool) -> int:
@@ -151,7 +171,7 @@ class BlockSpaceManager:
         needed = self.blocks_needed(num_tokens)
         if self.prefix_cache is None or not token_ids:
             return needed
-        reused = self.prefix_cache.lookup(token_ids)
+        reused = self.prefix_cache.lookup(token_ids, self.key_root)
         skip = self.num_skipped_blocks_at(len(reused) * self.block_size)
         # skipped hits cost nothing (the null block stands in); held hits are shared
         return needed - skip - sum(1 for _, block in reused[skip:]
@@ -184,7 +204,7 @@ class BlockSpaceManager:
                                "check can_allocate first")
         reused = []
         if self.prefix_cache and token_ids:
-            reused = self.prefix_cache.lookup(token_ids)
+            reused = self.prefix_cache.lookup(token_ids, self.key_root)
         # A sliding window computes from the first uncached token on: the hits wholly before
         # its window are never read, so the null block stands in for them (nothing taken).
         skip = self.num_skipped_blocks_at(len(reused) * self.block_size)
@@ -199,7 +219,7 @@ class BlockSpaceManager:
         table = BlockTable(blocks, num_tokens, keys=[key for key, _ in reused],
                            num_cached_tokens=len(reused) * self.block_size,
                            num_skipped_blocks=skip)
-        if reused:
+        if reused and self.key_root is None:  # every group hits the same tokens: count once
             self.prefix_cache.record_hit(len(reused))
         self.tables[seq_id] = table
         return table.blocks
@@ -214,7 +234,7 @@ class BlockSpaceManager:
         table = self._table(seq_id, device="gpu")
         bs = self.block_size
         for i in range(len(table.keys), num_computed // bs):
-            parent = table.keys[-1] if table.keys else None
+            parent = table.keys[-1] if table.keys else self.key_root
             table.keys.append(block_key(parent, token_ids[i * bs: (i + 1) * bs]))
             if i >= table.num_skipped_blocks:  # a placeholder holds nothing to find
                 self.prefix_cache.register(table.keys[-1], table.blocks[i])

@@ -3,7 +3,9 @@
 Everything else in ``kv/`` is bookkeeping: which blocks a sequence holds, which to copy, which
 to swap. This is the one place that owns memory: per layer a K and a V tensor of shape
 [num_blocks, block_size, kv_heads, head_dim] on the device (the "GPU pool", whatever the
-device), and the same shape on the CPU for swapped-out blocks. The model runner builds it from
+device), and the same shape on the CPU for swapped-out blocks. Latent attention (MLA) keeps
+only the "K" tensors, [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]: one
+latent row a slot. The model runner builds it from
 the engine's ``KVCacheConfig`` and, before each forward, hands it the step's lists — blocks to
 swap out, to swap in, to copy — and it carries them out with the backend's ops, in that order:
 a block swapped out this step may be handed to another sequence, which may copy into it.
@@ -38,9 +40,13 @@ class CacheEngine:
                  num_gpu_blocks: int, num_cpu_blocks: int = 0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  backend: Backend = REFERENCE_BACKEND, kv_cache_dtype: str = "auto",
-                 calculate_kv_scales: bool = False, null_block: int | None = None):
-        """num_gpu_blocks: the device tensors' rows, the null block's included (null_block,
-        its id, or None)."""
+                 calculate_kv_scales: bool = False, null_block: int | None = None,
+                 layer_tensors: tuple[int, ...] | None = None, values: bool = True):
+        """num_layers: the K (and V) tensors to allocate; num_gpu_blocks: the device tensors'
+        rows, the null block's included (null_block, its id, or None). layer_tensors: which
+        tensor each model layer uses, where layers of several KV cache groups share them
+        (``KVCacheConfig.tensor_of_layer``); None: layer i uses tensor i. values False:
+        no V tensors (latent attention keeps one row a token, in the K tensors)."""
         fmt = kv_cache_format(kv_cache_dtype)
         if null_block is not None and not 0 <= null_block < num_gpu_blocks:
             raise ValueError(f"null_block {null_block} is not a block of the pool of "
@@ -59,12 +65,15 @@ class CacheEngine:
             return [torch.zeros(shape, dtype=of, device=where, pin_memory=pin_memory)
                     for _ in range(num_layers)]
 
+        self.layer_tensors = layer_tensors or tuple(range(num_layers))
         self.block_size, self.backend, self.device = block_size, backend, torch.device(device)
-        self.gpu_k, self.gpu_v = pool(num_gpu_blocks, device), pool(num_gpu_blocks, device)
+        self.gpu_k = pool(num_gpu_blocks, device)
+        self.gpu_v = pool(num_gpu_blocks, device) if values else []
         # Beside a CUDA pool, the swap space is pinned (page-locked) host memory: the GPU copies
         # to and from it by DMA, and a backend may queue those copies without waiting.
         pin = self.device.type == "cuda"
-        self.cpu_k, self.cpu_v = pool(num_cpu_blocks, "cpu", pin), pool(num_cpu_blocks, "cpu", pin)
+        self.cpu_k = pool(num_cpu_blocks, "cpu", pin)
+        self.cpu_v = pool(num_cpu_blocks, "cpu", pin) if values else []
         # Tensors indexed by block: the values, and the scales of a per-token-head format.
         self.gpu_blocks, self.cpu_blocks = [(self.gpu_k, self.gpu_v)], [(self.cpu_k, self.cpu_v)]
         if fmt.scales == "per_token_head":
@@ -75,26 +84,43 @@ class CacheEngine:
             self.gpu_blocks.append(gpu_scales)
             self.cpu_blocks.append(cpu_scales)
             rotation = hadamard(head_dim, device) if fmt.rotated else None
-            self.quant = KVCacheQuant(fmt.name, *gpu_scales, rotation=rotation)
+            self.quant = KVCacheQuant(fmt.name, *(self._per_layer(t) for t in gpu_scales),
+                                      rotation=rotation)
         elif fmt.scales == "per_tensor":  # [1] float32 per layer: 1.0 until calculated
-            def ones() -> list[torch.Tensor]:
-                return [torch.ones(1, device=device) for _ in range(num_layers)]
+            def ones() -> list[torch.Tensor]:  # a layer's own, even where tensors are shared
+                return [torch.ones(1, device=device) for _ in self.layer_tensors]
             self.quant = KVCacheQuant(fmt.name, ones(), ones(), calculate_kv_scales)
         else:
             self.quant = KVCacheQuant()
+
+    def _per_layer(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The block-indexed tensors as the model's layers index them (shared ones repeat)."""
+        return [tensors[t] for t in self.layer_tensors]
+
+    @property
+    def layer_k(self) -> list[torch.Tensor]:
+        """Each model layer's K tensor (layers of different KV cache groups share them)."""
+        return self._per_layer(self.gpu_k)
+
+    @property
+    def layer_v(self) -> list[torch.Tensor]:
+        """Each model layer's V tensor; none where the pool keeps no V (latent attention)."""
+        return self._per_layer(self.gpu_v) if self.gpu_v else []
 
     @classmethod
     def from_kv_cache_config(cls, kv_cache_config: KVCacheConfig, device: str | torch.device,
                              backend: Backend = REFERENCE_BACKEND,
                              calculate_kv_scales: bool = False) -> "CacheEngine":
-        """The pool the engine decided on, with the heads of this rank's spec (one group of
-        full-attention layers: the tensors above are per layer, indexed by block)."""
-        (group,) = kv_cache_config.kv_cache_groups
-        spec = group.kv_cache_spec
-        return cls(len(group.layer_ids), spec.num_kv_heads, spec.head_size, spec.block_size,
-                   kv_cache_config.num_gpu_tensor_blocks, kv_cache_config.num_cpu_blocks,
-                   spec.dtype, device, backend, spec.kv_cache_dtype, calculate_kv_scales,
-                   kv_cache_config.null_block)
+        """The pool the engine decided on, with the heads of this rank's spec: the tensors
+        above, indexed by block, one per layer of the largest KV cache group (every group's
+        blocks are of one size: ``group_layers``)."""
+        config = kv_cache_config
+        spec = config.kv_cache_groups[0].kv_cache_spec
+        layers = tuple(config.tensor_of_layer(i) for i in range(config.num_layers))
+        return cls(config.num_kv_tensors, spec.num_kv_heads, spec.head_size, spec.block_size,
+                   config.num_gpu_tensor_blocks, config.num_cpu_blocks, spec.dtype, device,
+                   backend, spec.kv_cache_dtype, calculate_kv_scales, config.null_block,
+                   layers, spec.stores_values)
 
     def nbytes(self) -> int:
         """Bytes of the device pool's blocks that hold tokens: values and scales. The null

@@ -58,22 +58,33 @@ class PagedKVCacheManager:
                  enable_prefix_caching: bool = False,
                  kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()):
         """kv_cache_groups: what the layers cache (the runner's ``get_kv_cache_spec``); none
-        given: full attention. One group for now: a model mixing windowed and full layers
-        needs one block table per group, which is still to come."""
-        if len(kv_cache_groups) > 1:
-            raise ValueError(f"kv_cache_groups: one group per pool is supported, got "
-                             f"{len(kv_cache_groups)} (layers of different attention kinds)")
-        spec = kv_cache_groups[0].kv_cache_spec if kv_cache_groups else None
-        if spec is not None and spec.block_size != block_size:
-            raise ValueError(f"kv_cache_groups: the spec's block_size {spec.block_size} is not "
-                             f"the pool's {block_size}")
-        self.kv_cache_spec = spec
-        window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
-        self.manager = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
-                                         enable_prefix_caching, sliding_window=window)
+        given: full attention. Several groups (a model mixing windowed and full layers): one
+        BlockSpaceManager per group, each with its own block tables, over one shared pool
+        (vLLM's hybrid KV cache coordinator); every verb below acts on every group."""
+        for group in kv_cache_groups:
+            if group.kv_cache_spec.block_size != block_size:
+                raise ValueError(f"kv_cache_groups: a spec's block_size "
+                                 f"{group.kv_cache_spec.block_size} is not the pool's "
+                                 f"{block_size}")
+        specs = [g.kv_cache_spec for g in kv_cache_groups] or [None]
+        self.kv_cache_spec = specs[0]
+        windows = [s.sliding_window if isinstance(s, SlidingWindowSpec) else None
+                   for s in specs]
+        first = BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks,
+                                  enable_prefix_caching, sliding_window=windows[0],
+                                  null_block=any(w is not None for w in windows))
+        self.managers = [first] + [
+            BlockSpaceManager(block_size, num_gpu_blocks, sliding_window=w, pools_of=first,
+                              group=g) for g, w in enumerate(windows[1:], start=1)]
+        self.manager = first  # the pools, reference counts and prefix cache are its
         self.block_size = block_size
         self.watermark_blocks = int(WATERMARK * num_gpu_blocks)
         self.num_cow_copies = 0
+
+    @property
+    def num_kv_cache_groups(self) -> int:
+        """Block tables per sequence: one per group of layers."""
+        return len(self.managers)
 
     @property
     def num_total_blocks(self) -> int:
@@ -95,8 +106,11 @@ class PagedKVCacheManager:
         return self.manager.gpu.null_block
 
     def num_held_blocks(self, seq) -> int:
-        """Blocks the sequence holds now, placeholders not counted (0: it holds none)."""
-        return self.manager.num_held_blocks(seq.seq_id) if self.manager.holds(seq.seq_id) else 0
+        """Blocks the sequence holds now in every group, placeholders not counted (0: it
+        holds none)."""
+        if not self.manager.holds(seq.seq_id):
+            return 0
+        return sum(m.num_held_blocks(seq.seq_id) for m in self.managers)
 
     @property
     def prefix_cache(self):
@@ -107,19 +121,32 @@ class PagedKVCacheManager:
         A sliding window does not lower this: admission books a sequence's whole prompt, and
         a sequence preempted by recompute books all its tokens again when it is re-admitted
         (its prefill computes them in one step unless the scheduler chunks it)."""
-        return copies * self.manager.blocks_needed(num_tokens) > self.num_total_blocks
+        need = sum(m.blocks_needed(num_tokens) for m in self.managers)
+        return copies * need > self.num_total_blocks
 
     def never_fits_beams(self, prompt_len: int, num_tokens: int, beam_width: int) -> bool:
         """Beams share the prompt's blocks; each may hold its own tokens and one spare block
-        (the copy-on-write of a shared last block)."""
+        (the copy-on-write of a shared last block), in every group."""
         bn = self.manager.blocks_needed
         need = bn(prompt_len) + beam_width * (bn(num_tokens - prompt_len) + 1)
-        return need > self.num_total_blocks
+        return need * len(self.managers) > self.num_total_blocks
+
+    def _lookup_ids(self, group, seq) -> list[int] | None:
+        """The tokens to look up in the prefix cache: a hit must hold in every group (the
+        prefill starts after it in all of them), so the ids are cut to the shortest hit."""
+        ids = _lookup_ids(group, seq)
+        if ids is None or self.manager.prefix_cache is None or len(self.managers) == 1:
+            return ids
+        hits = min(len(self.manager.prefix_cache.lookup(ids, m.key_root))
+                   for m in self.managers)
+        return ids[:hits * self.block_size + 1]  # lookup leaves the last id to compute
 
     # --8<-- [start:can_admit]
     def can_admit(self, group) -> bool:
-        needed = sum(self.manager.num_new_blocks(len(s), _lookup_ids(group, s))
-                     for s in group.unfinished_seqs())
+        needed = 0
+        for s in group.unfinished_seqs():
+            ids = self._lookup_ids(group, s)
+            needed += sum(m.num_new_blocks(len(s), ids) for m in self.managers)
         return self.num_free_blocks - needed >= min(self.watermark_blocks,
                                                     self.num_total_blocks - needed)
     # --8<-- [end:can_admit]
@@ -130,19 +157,27 @@ class PagedKVCacheManager:
         prefix cache already holds (they need no prefill)."""
         admitted = []
         for seq in group.unfinished_seqs():
-            blocks = self.manager.allocate(seq.seq_id, len(seq), _lookup_ids(group, seq))
-            admitted.append(KVCacheBlocks(list(blocks),
+            ids = self._lookup_ids(group, seq)
+            blocks = [m.allocate(seq.seq_id, len(seq), ids) for m in self.managers]
+            admitted.append(KVCacheBlocks(list(blocks[0]),
                                           self.manager.num_cached_tokens(seq.seq_id)))
         return admitted
     # --8<-- [end:admit]
+
+    def open_seq(self, seq) -> None:
+        """An empty block table in every group for a sequence that books its slots as it
+        computes (``allocate_slots``): a draft model's copy of a target sequence."""
+        for m in self.managers:
+            m.allocate(seq.seq_id, 0)
 
     # --8<-- [start:mark_computed]
     def mark_computed(self, seq) -> None:
         """The sequence's first seq.num_computed_tokens tokens are computed: their full blocks
         become findable (prefix caching), then the blocks its window left behind go back."""
-        if self.manager.prefix_cache is not None:  # else nothing is looked up later
-            self.manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
-        self.manager.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
+        for m in self.managers:
+            if m.prefix_cache is not None:  # else nothing is looked up later
+                m.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            m.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
     # --8<-- [end:mark_computed]
 
     def _slots_wanted(self, seq, num_new_tokens: int, num_lookahead_tokens: int) -> int:
@@ -152,16 +187,18 @@ class PagedKVCacheManager:
 
     def can_allocate_slots(self, group, num_new_tokens: int = 1,
                            num_lookahead_tokens: int = 0) -> bool:
-        """Blocks for every sequence of the group's allocate_slots: fresh blocks past the last
-        one's room; a copy where it is shared — except for the last of the group's sharers to
-        write, when nobody outside the group holds the block (by then it owns the block
-        alone); and a copy of every shared block a sequence writes into again (slots it
-        held past its computed tokens when it was forked: counted whole, never short)."""
+        """Blocks for every sequence of the group's allocate_slots, in every KV cache group:
+        fresh blocks past the last one's room; a copy where it is shared — except for the
+        last of the group's sharers to write, when nobody outside the group holds the block
+        (by then it owns the block alone); and a copy of every shared block a sequence
+        writes into again (slots it held past its computed tokens when it was forked:
+        counted whole, never short)."""
         seqs = group.unfinished_seqs()
         wanted = [self._slots_wanted(s, num_new_tokens, num_lookahead_tokens) for s in seqs]
-        needed = self.manager.num_blocks_to_append([s.seq_id for s in seqs], num_slots=wanted)
-        needed += sum(self.manager.num_shared_blocks(s.seq_id, s.num_computed_tokens)
-                      for s in seqs)
+        needed = 0
+        for m in self.managers:
+            needed += m.num_blocks_to_append([s.seq_id for s in seqs], num_slots=wanted)
+            needed += sum(m.num_shared_blocks(s.seq_id, s.num_computed_tokens) for s in seqs)
         return needed <= self.num_free_blocks
 
     # --8<-- [start:append]
@@ -173,11 +210,13 @@ class PagedKVCacheManager:
         rejected ones). Slots the sequence already holds count. Returns the block pairs to
         copy first where a block it writes into is shared (copy-on-write). Blocks out of a
         sliding window go back first (vLLM's order: even if nothing more is booked)."""
-        self.manager.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
-        copies = self.manager.copy_on_write(seq.seq_id, seq.num_computed_tokens)
-        copy = self.manager.append_slots(
-            seq.seq_id, max(self._slots_wanted(seq, num_new_tokens, num_lookahead_tokens), 0))
-        copies += [copy] if copy else []
+        wanted = max(self._slots_wanted(seq, num_new_tokens, num_lookahead_tokens), 0)
+        copies = []
+        for m in self.managers:
+            m.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
+            copies += m.copy_on_write(seq.seq_id, seq.num_computed_tokens)
+            copy = m.append_slots(seq.seq_id, wanted)
+            copies += [copy] if copy else []
         self.num_cow_copies += len(copies)
         return copies
     # --8<-- [end:append]
@@ -186,57 +225,67 @@ class PagedKVCacheManager:
         """Keep the slots of the sequence's first num_tokens tokens, give back the rest (the
         slots of rejected proposals); the block table shrinks with them. A prefix-cached block
         is never given back: it holds accepted, computed tokens only."""
-        self.manager.truncate(seq.seq_id, num_tokens)
+        for m in self.managers:
+            m.truncate(seq.seq_id, num_tokens)
 
     def free(self, group) -> None:
         for seq in group.seqs:
             self.free_seq(seq)
 
     def free_seq(self, seq) -> None:
-        if self.manager.holds(seq.seq_id):
-            self.manager.free(seq.seq_id)
+        for m in self.managers:
+            if m.holds(seq.seq_id):
+                m.free(seq.seq_id)
 
     def fork(self, parent, child) -> None:
         """The child shares every block of the parent (parallel sampling, beam search): nothing
         is copied until one of them writes into a shared block."""
-        self.manager.fork(parent.seq_id, child.seq_id)
+        for m in self.managers:
+            m.fork(parent.seq_id, child.seq_id)
 
     def can_swap_out(self, group) -> bool:
-        return self.manager.can_swap_out([s.seq_id for s in group.unfinished_seqs()])
+        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
+        blocks = sum(len(m.group_blocks(seq_ids, "gpu")) for m in self.managers)
+        return blocks <= self.manager.num_free_cpu_blocks
 
     def swap_out(self, group) -> list[tuple[int, int]]:
         """(gpu block, cpu block) pairs whose data the cache engine must move."""
-        return self.manager.swap_out([s.seq_id for s in group.unfinished_seqs()])
+        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
+        return [pair for m in self.managers for pair in m.swap_out(seq_ids)]
 
     def can_swap_in(self, group) -> bool:
         """Room for the group's blocks and for the token each sequence appends next: exactly
         what it needs, so a group that ran in the pool once always fits an empty pool."""
         seq_ids = [s.seq_id for s in group.unfinished_seqs()]
-        blocks = len(self.manager.group_blocks(seq_ids, "cpu"))
-        return blocks + self.manager.num_blocks_to_append(seq_ids, "cpu") <= self.num_free_blocks
+        blocks = sum(len(m.group_blocks(seq_ids, "cpu")) + m.num_blocks_to_append(seq_ids, "cpu")
+                     for m in self.managers)
+        return blocks <= self.num_free_blocks
 
     def swap_in(self, group) -> list[tuple[int, int]]:
         """(cpu block, gpu block) pairs whose data the cache engine must move."""
-        return self.manager.swap_in([s.seq_id for s in group.unfinished_seqs()])
+        seq_ids = [s.seq_id for s in group.unfinished_seqs()]
+        return [pair for m in self.managers for pair in m.swap_in(seq_ids)]
 
     def get_block_ids(self, seq) -> tuple[list[int], ...]:
-        """A copy of the sequence's block table, one list per KV cache group (vLLM's
+        """A copy of the sequence's block tables, one list per KV cache group (vLLM's
         ``KVCacheManager.get_block_ids``): for figures, benchmarks and tests, which must never
         hold the live tables."""
-        return (list(self.manager.block_ids(seq.seq_id)) if self.manager.holds(seq.seq_id)
-                else [],)
+        return tuple(list(m.block_ids(seq.seq_id)) if m.holds(seq.seq_id) else []
+                     for m in self.managers)
 
     # -- for the step's inputs ----------------------------------------------------------------
-    def block_table(self, seq) -> list[int]:
-        """The sequence's blocks in order (read-only: the live table, not a copy)."""
-        return self.manager.block_ids(seq.seq_id)
+    def block_table(self, seq, kv_cache_group: int = 0) -> list[int]:
+        """The sequence's blocks in order in one KV cache group (read-only: the live table,
+        not a copy)."""
+        return self.managers[kv_cache_group].block_ids(seq.seq_id)
 
-    def slot_mapping(self, seq, start: int, end: int) -> list[int]:
-        """Slots of the sequence's positions [start, end): never in the null block (a position
-        whose block the window gave back is not written again)."""
-        blocks, bs = self.manager.block_ids(seq.seq_id), self.block_size
-        if start < end and start // bs < self.manager.num_skipped_blocks(seq.seq_id):
-            self.manager.slot(seq.seq_id, start)  # raises, naming the position and the window
+    def slot_mapping(self, seq, start: int, end: int, kv_cache_group: int = 0) -> list[int]:
+        """Slots of the sequence's positions [start, end) in one KV cache group: never in the
+        null block (a position whose block the window gave back is not written again)."""
+        m = self.managers[kv_cache_group]
+        blocks, bs = m.block_ids(seq.seq_id), self.block_size
+        if start < end and start // bs < m.num_skipped_blocks(seq.seq_id):
+            m.slot(seq.seq_id, start)  # raises, naming the position and the window
         return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
     @property
@@ -259,6 +308,7 @@ class ContiguousKVCacheManager:
 
     layout = "contiguous"
     block_size = 1  # stats and the cache engine count slots as blocks of one
+    num_kv_cache_groups = 1  # a slab per sequence, whatever the layers
 
     def __init__(self, num_slots: int, policy: str, max_model_len: int):
         self.allocator = ContiguousAllocator(num_slots, policy, max_model_len)

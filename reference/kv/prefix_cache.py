@@ -36,10 +36,12 @@ class PrefixCache:
         self.hit_tokens = 0  # prompt tokens not computed thanks to the cache
 
     # --8<-- [start:lookup]
-    def lookup(self, token_ids: list[int]) -> list[tuple[str, int]]:
+    def lookup(self, token_ids: list[int],
+               root: str | None = None) -> list[tuple[str, int]]:
         """(key, block) of the longest cached chain of full blocks at the start of
-        token_ids, leaving at least the last token to compute."""
-        found, parent = [], None
+        token_ids, leaving at least the last token to compute. root: the first block's
+        parent (a KV cache group's own, so groups never find each other's blocks)."""
+        found, parent = [], root
         size = self.block_size
         for i in range((len(token_ids) - 1) // size):
             key = block_key(parent, token_ids[i * size: (i + 1) * size])

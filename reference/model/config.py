@@ -13,9 +13,11 @@ import torch
 from transformers import AutoConfig
 
 from .registry import resolve_model
+from .rope import SUPPORTED_ROPE_TYPES
 
 # model_type in config.json -> the family of decoder the reference tier builds for it.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gemma3_text",
+                         "deepseek_v2")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,19 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
     sliding_windows: tuple[int | None, ...] = ()  # per layer; None = full attention
+    # Gemma 3
+    # layer i's RoPE (theta, scaling) where layers differ (Gemma 3's sliding layers turn at a
+    # base of their own); () = every layer has rope_theta and rope_scaling
+    layer_ropes: tuple[tuple[float, dict | None], ...] = ()
+    query_pre_attn_scalar: float | None = None  # attention scale: its -1/2 power
+    final_logit_softcapping: float | None = None  # logits become cap * tanh(logits / cap)
+    # DeepSeek-V2 multi-head latent attention (MLA, model/deepseek_v2.py); 0: not MLA.
+    # num_kv_heads = num_heads and head_dim = qk_nope + qk_rope: the expanded form's K.
+    kv_lora_rank: int = 0  # c_kv, the latent cached per token (with k_pe)
+    q_lora_rank: int | None = None  # None: q_proj; a rank: q_a_proj -> norm -> q_b_proj
+    qk_nope_head_dim: int = 0  # each head's key part decompressed from c_kv
+    qk_rope_head_dim: int = 0  # the rotated part, k_pe, one head shared by all
+    v_head_dim: int = 0
     # OPT
     word_embed_proj_dim: int = 0
     do_layer_norm_before: bool = True  # pre-LN (every OPT but 350m)
@@ -50,6 +65,10 @@ class ModelConfig:
     @property
     def is_opt(self) -> bool:
         return self.model_type == "opt"
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
 
 def read_config_json(model_dir: str | Path) -> tuple[Path, dict]:
@@ -165,6 +184,10 @@ def from_hf_config(hf, source: str | Path = "config.json") -> ModelConfig:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"{source}: dtype {name!r} is not a torch dtype; save_pretrained "
                              "writes e.g. \"float32\", \"float16\" or \"bfloat16\"")
+    if hf.model_type == "gemma3_text":
+        return _gemma3_config(hf, dtype, source)
+    if hf.model_type == "deepseek_v2":
+        return _deepseek_v2_config(hf, dtype, source)
     if hf.model_type == "opt":
         return ModelConfig(
             model_type="opt", vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
@@ -208,4 +231,111 @@ def from_hf_config(hf, source: str | Path = "config.json") -> ModelConfig:
         o_proj_bias=hf.model_type != "qwen2" and getattr(hf, "attention_bias", False),
         mlp_bias=getattr(hf, "mlp_bias", False), qk_norm=hf.model_type == "qwen3",
         sliding_windows=windows,
+    )
+
+
+def _gemma3_config(hf, dtype: torch.dtype, source: str | Path) -> ModelConfig:
+    """Gemma 3's text decoder (Gemma3TextConfig): a RoPE per layer type, and the options the
+    reference does not run refused by name, before a model computes something else."""
+    if hf.hidden_activation != "gelu_pytorch_tanh":  # the exact op; "gelu_new" rounds apart
+        raise ValueError(f"{source}: hidden_activation {hf.hidden_activation!r} is not "
+                         "supported; Gemma 3 uses 'gelu_pytorch_tanh' (GELU, tanh approximation)")
+    if hf.attn_logit_softcapping is not None:  # the attention ops take no cap on the scores
+        raise ValueError(f"{source}: attn_logit_softcapping {hf.attn_logit_softcapping!r} is "
+                         "not supported: the attention ops do not cap scores; Gemma 3 "
+                         "checkpoints set it to null")
+    if getattr(hf, "use_bidirectional_attention", False):  # also halves sliding_window in hf
+        raise ValueError(f"{source}: use_bidirectional_attention true is not supported: the "
+                         "engine generates left to right, with causal attention; set it to "
+                         "false (Gemma 3's own value)")
+    for name in ("query_pre_attn_scalar", "final_logit_softcapping"):
+        value = getattr(hf, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or value <= 0):
+            raise ValueError(f"{source}: {name} must be a positive number, got {value!r}")
+    ropes = {}
+    for kind in dict.fromkeys(hf.layer_types):
+        if kind not in ("sliding_attention", "full_attention"):
+            raise ValueError(f"{source}: layer_types holds {kind!r}; Gemma 3's layers are "
+                             "'sliding_attention' or 'full_attention'")
+        rope = dict(hf.rope_parameters[kind])
+        theta, rope_type = rope.pop("rope_theta"), rope.get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES or rope.get("partial_rotary_factor", 1) != 1:
+            raise ValueError(f"{source}: rope_parameters[{kind!r}] {rope} is not supported; "
+                             f"rope_type one of {', '.join(SUPPORTED_ROPE_TYPES)}, every "
+                             "feature rotated (no partial_rotary_factor)")
+        ropes[kind] = (theta, None if rope_type == "default" else rope)
+    layer_types = tuple(hf.layer_types)
+    if len(layer_types) != hf.num_hidden_layers:
+        raise ValueError(f"{source}: layer_types names {len(layer_types)} layers, "
+                         f"num_hidden_layers is {hf.num_hidden_layers}; give one type a layer")
+    # HF's global RoPE is the full-attention layers'; rope_theta and rope_scaling say it.
+    global_theta, global_scaling = ropes.get("full_attention", ropes[layer_types[0]])
+    return ModelConfig(
+        model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
+        num_kv_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
+        intermediate_size=hf.intermediate_size,
+        max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=hf.tie_word_embeddings, dtype=dtype, rms_norm_eps=hf.rms_norm_eps,
+        rope_theta=global_theta, rope_scaling=global_scaling,
+        attention_bias=hf.attention_bias, o_proj_bias=hf.attention_bias, qk_norm=True,
+        sliding_windows=tuple(hf.sliding_window if t == "sliding_attention" else None
+                              for t in layer_types),
+        layer_ropes=tuple(ropes[t] for t in layer_types),
+        query_pre_attn_scalar=hf.query_pre_attn_scalar,
+        final_logit_softcapping=hf.final_logit_softcapping,
+    )
+
+
+def _deepseek_v2_config(hf, dtype: torch.dtype, source: str | Path) -> ModelConfig:
+    """DeepSeek-V2 with dense MLPs only (DeepseekV2Config): multi-head latent attention, its
+    sizes checked, and what the reference does not run refused by name."""
+    n = hf.num_hidden_layers
+    if hf.first_k_dense_replace < n:  # layers from first_k_dense_replace on are MoE in hf
+        raise ValueError(f"{source}: first_k_dense_replace {hf.first_k_dense_replace} makes "
+                         f"layers {hf.first_k_dense_replace}..{n - 1} mixture-of-experts "
+                         "layers, which the reference model does not implement; only dense "
+                         f"DeepSeek-V2 models run: first_k_dense_replace >= num_hidden_layers "
+                         f"({n})")
+    if hf.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"{source}: hidden_act {hf.hidden_act!r} is not supported; DeepSeek-V2 "
+                         "uses 'silu'")
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "q_lora_rank"):
+        value = getattr(hf, key)
+        if key == "q_lora_rank" and value is None:
+            continue  # None: a plain q_proj
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{source}: {key} must be a positive integer (>= 1), got {value!r}"
+                             + (" (or null: no query compression)" if key == "q_lora_rank"
+                                else ""))
+    # hf expands c_kv into num_attention_heads heads and would repeat them again for a smaller
+    # num_key_value_heads: only equal counts describe a model hf runs.
+    if hf.num_key_value_heads != hf.num_attention_heads:
+        raise ValueError(f"{source}: num_key_value_heads {hf.num_key_value_heads} differs from "
+                         f"num_attention_heads {hf.num_attention_heads}; MLA decompresses one "
+                         "latent into every head's K and V, so they must be equal (as in "
+                         "DeepSeek's configs)")
+    rope = dict(hf.rope_parameters or {})
+    theta, rope_type = rope.pop("rope_theta", 10000.0), rope.get("rope_type", "default")
+    # YaRN (every published DeepSeek-V2) also scales the softmax by mscale^2 and cos/sin by
+    # its attention factor: not implemented, so refused rather than computed differently.
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"{source}: rope scaling {rope_type!r} is not supported for "
+                         f"DeepSeek-V2 (YaRN's mscale is not implemented); rope_type one of "
+                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    return ModelConfig(
+        model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        num_layers=n, num_heads=hf.num_attention_heads, num_kv_heads=hf.num_attention_heads,
+        head_dim=hf.qk_nope_head_dim + hf.qk_rope_head_dim,
+        intermediate_size=hf.intermediate_size,
+        max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=hf.tie_word_embeddings, dtype=dtype, rms_norm_eps=hf.rms_norm_eps,
+        rope_theta=theta, rope_scaling=None if rope_type == "default" else rope,
+        attention_bias=hf.attention_bias, o_proj_bias=hf.attention_bias,
+        mlp_bias=hf.mlp_bias, sliding_windows=(None,) * n,
+        kv_lora_rank=hf.kv_lora_rank, q_lora_rank=hf.q_lora_rank,
+        qk_nope_head_dim=hf.qk_nope_head_dim, qk_rope_head_dim=hf.qk_rope_head_dim,
+        v_head_dim=hf.v_head_dim,
     )

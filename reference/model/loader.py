@@ -12,13 +12,16 @@ import torch
 from torch import nn
 
 from .config import ModelConfig, load_config
+from .deepseek_v2 import DeepseekV2ForCausalLM
+from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
 from .opt import OPTForCausalLM
 from .registry import FLOAT_DTYPES, resolve_model
 from .weights import load_state_dict_and_sources
 
 ARCHITECTURES = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM,
-                 "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM, "opt": OPTForCausalLM}
+                 "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM, "opt": OPTForCausalLM,
+                 "gemma3_text": Gemma3ForCausalLM, "deepseek_v2": DeepseekV2ForCausalLM}
 
 
 def build_model(cfg: ModelConfig, state: Mapping[str, torch.Tensor],

@@ -12,6 +12,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     OPTConfig,
@@ -52,7 +54,9 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_config(family: str, vocab_size: int = BYTE_VOCAB, **overrides):
     """A few-layer config of a family. Families: llama (Llama 2 style), llama3 (GQA + llama3
-    rope scaling), mistral (sliding window 16), qwen2 (qkv bias, tied), qwen3 (q/k norm), opt."""
+    rope scaling), mistral (sliding window 16), qwen2 (qkv bias, tied), qwen3 (q/k norm), opt,
+    gemma3 (sliding window 16 on four of six layers, a RoPE base per layer kind, tied),
+    deepseek_v2 (MLA: latent of 32 + 8 rotary, no query compression; dense MLPs only)."""
     eos = vocab_size - 1
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -72,6 +76,21 @@ def tiny_config(family: str, vocab_size: int = BYTE_VOCAB, **overrides):
         "mistral": (MistralConfig, dict(sliding_window=16, head_dim=16)),
         "qwen2": (Qwen2Config, dict(tie_word_embeddings=True)),
         "qwen3": (Qwen3Config, dict(head_dim=32)),  # head_dim != hidden / heads, as in Qwen3
+        # Gemma 3's pattern, shortened (its checkpoints: 5 local layers, then 1 global); the
+        # global RoPE linearly scaled as in the 4B-27B models; a scale that is not head_dim's.
+        "gemma3": (Gemma3TextConfig, dict(
+            num_hidden_layers=6, head_dim=16, sliding_window=16, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=10_000.0),
+                full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1_000_000.0)),
+            tie_word_embeddings=True)),
+        # MLA: every layer dense (a MoE layer from first_k_dense_replace on is refused);
+        # num_key_value_heads None: hf takes num_attention_heads, as MLA needs
+        "deepseek_v2": (DeepseekV2Config, dict(
+            num_key_value_heads=None, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
+            qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=overrides.get(
+                "num_hidden_layers", common["num_hidden_layers"]))),
     }
     if family not in families:
         raise ValueError(f"family {family!r} is unknown; choose one of "

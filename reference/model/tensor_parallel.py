@@ -36,6 +36,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .config import ModelConfig, load_config
+from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
 from .loader import ARCHITECTURES, parse_device, parse_dtype
 from .opt import OPTForCausalLM
@@ -102,8 +103,9 @@ def _narrow(module: nn.Module, dim: int, start: int, end: int, prefix: str, slic
 
 
 def narrow_model(model: nn.Module, rank: int, world_size: int) -> Slices:
-    """Narrow a model of the Llama family or OPT (on the meta device) to rank's shard, in place,
-    and say which slice of each saved tensor it keeps (tensors not named: kept whole)."""
+    """Narrow a model of the Llama family, OPT or Gemma 3 (on the meta device) to rank's shard,
+    in place, and say which slice of each saved tensor it keeps (tensors not named: kept
+    whole)."""
     cfg: ModelConfig = model.config
     check_tensor_parallel_size(cfg, world_size)
     q_heads, kv_heads = attention_heads(cfg, rank, world_size)
@@ -112,14 +114,16 @@ def narrow_model(model: nn.Module, rank: int, world_size: int) -> Slices:
     kv = (kv_heads.start * hd, kv_heads.stop * hd)  # ... of k_proj and v_proj
     mlp = shard_range(cfg.intermediate_size, rank, world_size)
     row_bias = "narrow" if rank == 0 else "drop"  # kept whole on rank 0 (dim 1 never narrows)
-    if isinstance(model, LlamaForCausalLM):
+    # Gemma 3's layers have Llama's names; its per-head q/k norms are replicated on every rank
+    # (their weight is one head's), and its embedding scale is applied after the lookup.
+    if isinstance(model, LlamaForCausalLM | Gemma3ForCausalLM):
         stack, prefix = model.model, "model"
         names = ("self_attn", "o_proj", "mlp", ("gate_proj", "up_proj"), "down_proj")
     elif isinstance(model, OPTForCausalLM):
         stack, prefix = model.model.decoder, "model.decoder"
         names = ("self_attn", "out_proj", "", ("fc1",), "fc2")
     else:
-        raise ValueError(f"tensor parallelism splits the Llama family and OPT, not "
+        raise ValueError(f"tensor parallelism splits the Llama family, OPT and Gemma 3, not "
                          f"{type(model).__name__}")
     attn_name, out_name, mlp_name, up_names, down_name = names
     for i, layer in enumerate(stack.layers):

@@ -15,6 +15,7 @@ from .attention import causal_attention, gather_kv, paged_attention
 from .cache_ops import copy_blocks, store_kv, swap_blocks
 from .kv_quant import KV_CACHE_DTYPES, KVCacheFormat, dequantize_kv, kv_cache_format, quantize_kv
 from .layernorm import rms_norm
+from .mla import paged_mla_attention, store_latent
 from .rotary import rotary
 from .sampling import SamplerOutput, SamplingMetadata, sample
 from .spec_decode import accepted_lengths
@@ -47,6 +48,9 @@ class Backend:
     rotary: Callable = rotary
     silu_and_mul: Callable = silu_and_mul
     sample: Callable = sample
+    # multi-head latent attention (mla.py): a layer's latent rows, and the absorbed decode
+    store_latent: Callable = store_latent
+    paged_mla_attention: Callable = paged_mla_attention
     # speculative decoding's verification: proposals kept per run (spec_decode.py)
     accepted_lengths: Callable = accepted_lengths
     process_weights: Callable = keep_weights  # (model, dtype) -> model
@@ -59,5 +63,5 @@ REFERENCE_BACKEND = Backend()
 __all__ = ["Backend", "KVCacheFormat", "KV_CACHE_DTYPES", "REFERENCE_BACKEND", "SamplerOutput",
            "SamplingMetadata", "accepted_lengths", "causal_attention", "copy_blocks",
            "dequantize_kv", "gather_kv", "keep_weights", "kv_cache_format", "paged_attention",
-           "quantize_kv", "rms_norm", "rotary", "sample", "silu_and_mul", "store_kv",
-           "swap_blocks"]
+           "paged_mla_attention", "quantize_kv", "rms_norm", "rotary", "sample",
+           "silu_and_mul", "store_kv", "store_latent", "swap_blocks"]

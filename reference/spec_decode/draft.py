@@ -41,6 +41,9 @@ class _DraftGroup:
     def __init__(self, group, seq: Sequence):
         self.sampling_params, self.seqs, self.target = group.sampling_params, [seq], group
 
+    def unfinished_seqs(self) -> list[Sequence]:
+        return self.seqs
+
     def stream_for(self, index: int) -> int:
         return self.target.stream_for(index)
 
@@ -75,7 +78,7 @@ class DraftModelProposer:
         copy = self.copies.get(seq.seq_id)
         if copy is None:
             copy = Sequence(next_seq_id(), list(seq.prompt_token_ids), index=seq.index)
-            self.kv.manager.allocate(copy.seq_id, 0)
+            self.kv.open_seq(copy)
             self.copies[seq.seq_id] = copy
         target, held = seq.output_token_ids, copy.output_token_ids
         num_prompt = len(seq.prompt_token_ids)
@@ -104,12 +107,12 @@ class DraftModelProposer:
             sched, budget = SchedulerOutput(), self.budget
             for group, _, copy, k in active:
                 n = copy.num_uncomputed_tokens  # round 0: what it has not seen; then 1
-                if round_ >= k or n > budget or self.kv.manager.num_blocks_to_append(
-                        [copy.seq_id], num_slots=[n]) > self.kv.num_free_blocks:
+                draft = _DraftGroup(group, copy)
+                if round_ >= k or n > budget or not self.kv.can_allocate_slots(draft, n):
                     continue  # done, or no room this step: it proposes what it has
                 budget -= n
                 self.kv.allocate_slots(copy, n)
-                sched.add(_DraftGroup(group, copy), copy, n)
+                sched.add(draft, copy, n)
             if not sched.scheduled:
                 break
             inputs = prepare_inputs(sched, self.kv, self.vocab_size, None, self.device)

@@ -28,7 +28,7 @@ PROMPT = list(range(5, 11))  # shorter than the window: the bound holds from the
 def windowed(tmp_path_factory):
     """A random Mistral checkpoint with a window of 8 (the shared one has 16) and room for
     generations many windows long."""
-    config = tiny_config("mistral", sliding_window=WINDOW, max_position_embeddings=512)
+    config = tiny_config("mistral", sliding_window=WINDOW, max_position_embeddings=2048)
     return write_random_checkpoint(tmp_path_factory.mktemp("windowed") / "mistral", config,
                                    seed=0, init_std=INIT_STD)
 
@@ -81,6 +81,21 @@ def test_long_generation_holds_only_the_window(tier, windowed, loop):
     assert max(seen) <= 3 * BOUND and len(seen) >= 120
     stats = llm.stats()
     assert stats["preemptions_recompute"] == stats["preemptions_swap"] == 0
+    no_leak(llm)
+
+
+def test_two_thousand_tokens_hold_the_window_at_every_step(tier, windowed):
+    """One sequence generates 2,000 tokens (250 windows): the blocks in use, counted through
+    stats() after every step, never pass BOUND, and every block comes back. (The pool could
+    hold all 2,006 tokens: the door admits a request only if a recompute of all its tokens
+    in one prefill would fit. The tokens are checked against the loop on the shorter runs
+    above: the loop's 2,000 steps over a growing cache would be most of this test's time.)"""
+    llm = tier.LLM(windowed, block_size=BLOCK, num_gpu_blocks=510, max_model_len=2048)
+    used: list[int] = []
+    llm.engine.add_step_observer(lambda e, s, i: used.append(e.stats()["blocks_used"]))
+    out = llm.generate({"prompt_token_ids": PROMPT}, greedy(tier, 2000), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2000
+    assert len(used) == 2000 and max(used) <= BOUND
     no_leak(llm)
 
 
@@ -225,12 +240,16 @@ def test_a_freed_block_is_found_only_while_its_content_is_there():
     assert cache.lookup(tokens) == []
 
 
-def test_a_second_group_is_refused_by_name():
-    from pagedllm.reference.kv import KVCacheGroupSpec, PagedKVCacheManager, SlidingWindowSpec
+def test_kinds_whose_blocks_differ_in_size_are_refused_by_name():
+    from pagedllm.reference.kv import FullAttentionSpec, SlidingWindowSpec, group_layers
 
-    spec = SlidingWindowSpec(4, 1, 16, torch.float32, sliding_window=8)
-    with pytest.raises(ValueError, match="kv_cache_groups"):
-        PagedKVCacheManager(4, 8, kv_cache_groups=(KVCacheGroupSpec((0,), spec),) * 2)
+    window = SlidingWindowSpec(4, 1, 16, torch.float32, sliding_window=8)
+    wider = FullAttentionSpec(4, 2, 16, torch.float32)  # two KV heads: twice the bytes
+    with pytest.raises(ValueError, match="bytes a block"):
+        group_layers([window, wider])
+    with pytest.raises(ValueError, match="block_size"):
+        from pagedllm.reference.kv import KVCacheGroupSpec, PagedKVCacheManager
+        PagedKVCacheManager(8, 8, kv_cache_groups=(KVCacheGroupSpec((0,), window),))
     with pytest.raises(ValueError, match="sliding_window"):
         SlidingWindowSpec(4, 1, 16, torch.float32, sliding_window=0)
 
