@@ -104,11 +104,14 @@ class BlockManager:
         raise NotImplementedError("milestone 2: write BlockManager.fork")
 
     def free(self, seq_id: int) -> None:
-        """The sequence gives up all its blocks; a block nobody holds any more is free again.
+        """The sequence gives up all its blocks: each loses one holder (a block shared
+        through fork stays with the others), and a block nobody holds any more is free again.
 
         Milestone 4: a freed block stays findable by the prefix cache until it is handed out
-        for other tokens. Free blocks are handed out least recently freed first, and a
-        sequence's blocks count as freed last block first, so a shared prefix goes last."""
+        for other tokens. In which order free blocks are handed out is your design; the
+        tests check the outcome: after other tokens take some of a freed prompt's blocks, the
+        start of that prompt is still found, since more requests share a prompt's start than
+        its tail (04-prefix-caching.md names orders that do this)."""
         raise NotImplementedError("milestone 2: write BlockManager.free")
 
     def block_table(self, seq_id: int) -> list[int]:

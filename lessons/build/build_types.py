@@ -10,7 +10,9 @@
 
 The names follow vLLM and pagedllm's reference tier (reference/engine/sequence.py,
 reference/engine/scheduler.py, reference/engine/step_inputs.py), cut down to what a greedy
-engine without swapping, beams or parallel sampling needs.
+engine without swapping or beams needs. Parallel sampling has no type of its own: for its
+requests of n = 2 samples, milestone 7's test forks each sequence after its prefill into a
+second Sequence that shares its blocks (BlockManager.fork), and both decode greedily.
 """
 
 from collections.abc import Callable

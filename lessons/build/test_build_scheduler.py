@@ -124,9 +124,53 @@ def test_seq_budget(impl, parts):
     assert plan(outs[0]) == [(0, 2), (1, 2), (2, 2)]
 
 
+def test_token_budget_smaller_than_the_running(impl, parts):
+    """Four sequences running, a budget of 2 tokens a step: the two earliest decode; the other
+    two skip the step, keeping their blocks, and nobody is preempted."""
+    bm = parts.BlockManager(16, 4)
+    s = impl.Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=2)
+    seqs = [make(i, 1, 3) for i in range(4)]
+    for seq in seqs:
+        s.add(seq)
+    finish_step(s, s.schedule())  # prompts of 1 token: two fit a step
+    finish_step(s, s.schedule())
+    running = sorted(q.arrival for q in s.running)
+    assert running == [0, 1, 2, 3], (
+        f"after two steps of 2 tokens, running {running}: the four 1-token prompts are "
+        "prefilled two a step"
+        f"\n토큰 2개짜리 스텝 두 번 뒤 실행 중: {running}. 1토큰 프롬프트 네 개는 스텝마다 두 "
+        "개씩 프리필됩니다")
+    held = {q.arrival: (list(bm.block_table(q.seq_id)), bm.num_tokens(q.seq_id)) for q in seqs}
+    out = s.schedule()
+    got = ([q.arrival for q in out.preempted], plan(out))
+    assert got == ([], [(0, 1), (1, 1)]), (
+        f"preempted {got[0]}, ran {got[1]}: a budget of 2 decodes the two earliest arrivals, "
+        "0 and 1; 2 and 3 skip the step, and a spent budget preempts nobody"
+        f"\n선점 {got[0]}, 실행 {got[1]}: 예산 2로는 가장 먼저 온 0과 1만 디코드합니다. 2와 "
+        "3은 이 스텝을 건너뛰며, 예산이 바닥났다고 누구도 선점되지 않습니다")
+    for q in seqs[2:]:
+        assert q.status == RUNNING and q in s.running, (
+            f"sequence {q.arrival} skipped the step: it is still running"
+            f"\n시퀀스 {q.arrival}은 스텝을 건너뛰었을 뿐, 여전히 실행 중입니다")
+        now = (list(bm.block_table(q.seq_id)), bm.num_tokens(q.seq_id))
+        assert now == held[q.arrival], (
+            f"sequence {q.arrival} skipped the step: it keeps its blocks and books no slot "
+            f"(blocks and slots {held[q.arrival]} before, {now} after)"
+            f"\n시퀀스 {q.arrival}은 스텝을 건너뛰었으므로 블록을 그대로 가지고 슬롯을 잡지 "
+            f"않습니다(블록과 슬롯: 전 {held[q.arrival]}, 후 {now})")
+    finish_step(s, out)
+    later = [plan(o) for o in run(s, [])]
+    want = [[(0, 1), (1, 1)], [(2, 1), (3, 1)], [(2, 1), (3, 1)]]
+    assert later == want, (f"then ran {later}, expected {want}: the earliest arrivals get the "
+                           "budget at every step, the others decode once they have finished"
+                           f"\n이어서 실행: {later}, 기대값 {want}. 매 스텝 가장 먼저 온 "
+                           "시퀀스가 예산을 받고, 나머지는 그들이 끝난 뒤에 디코드합니다")
+
+
 def preempted_as_recompute(s, bm, out, victim) -> None:
     """A sequence preempted by recompute: no blocks, no K/V, its outputs kept, first in line."""
-    assert victim.status == WAITING and s.waiting[0] is victim and victim not in s.running, (
+    first = s.waiting[0] if s.waiting else None
+    assert victim.status == WAITING and first is victim and victim not in s.running, (
         f"sequence {victim.arrival} was preempted: it waits first in the queue, not running"
         f"\n시퀀스 {victim.arrival}은 선점되었습니다: 실행 목록이 아니라 큐의 맨 앞에서 기다립니다")
     assert victim.num_computed_tokens == 0 and victim.output_token_ids == [TOKEN], (

@@ -49,6 +49,11 @@ class AttentionMetadata:
 
 
 # --8<-- [start:paged_context]
+def rotate(x: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] @ H, computed in float32, in x's dtype."""
+    return (x.float() @ H).to(x.dtype)
+
+
 class PagedAttention:
     """The engine's attention context: store the step's K/V by slot, then paged
     attention."""
@@ -102,7 +107,7 @@ class PagedAttention:
             q, self.k_caches[layer], self.v_caches[layer], md.block_tables,
             md.seq_lens_cpu, md.query_start_loc_cpu, scale, sliding_window,
             *self.quant.args(layer))
-
+    # --8<-- [end:paged_context]
 
     # --8<-- [start:attend_latent]
     def attend_latent(self, layer: int, q_nope: torch.Tensor, q_pe: torch.Tensor,
@@ -137,9 +142,3 @@ class PagedAttention:
                 w_uv, positions[first:end], torch.arange(seq_len, device=device), scale)
         return out
     # --8<-- [end:attend_latent]
-
-
-def rotate(x: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-    """x [..., head_dim] @ H, computed in float32, in x's dtype."""
-    return (x.float() @ H).to(x.dtype)
-# --8<-- [end:paged_context]
