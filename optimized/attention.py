@@ -47,14 +47,16 @@ class StepPlans:
 
     Every layer of a step is handed the same host lengths tensor and the same
     positions; a value derived from them is computed by the first layer that asks and
-    found by the others. The entry lives as long as that tensor (a weak reference: the
-    next step's tensor starts afresh), and its key holds the other inputs by identity
+    found by the others. The entries live as long as that tensor (a weak reference: the
+    next step's tensor starts afresh), and the key holds the other inputs by identity
     and version, so a tensor changed in place, or another table, is never served a
-    stale value."""
+    stale value. A step may keep several (a hybrid model's groups: their own block
+    tables; its local and global layers: their own rotary frequencies), each made
+    once."""
 
     def __init__(self):
-        # id(anchor) -> (ref, key, inputs, value)
-        self.entries: dict[int, tuple] = {}
+        # (anchor's and inputs' identities and versions) -> (ref, inputs, value)
+        self.entries: dict[tuple, tuple] = {}
 
     def get(self, anchor: torch.Tensor, inputs: tuple, make):
         tensors = [x for x in (anchor, *inputs) if isinstance(x, torch.Tensor)]
@@ -62,13 +64,12 @@ class StepPlans:
             return make()  # made in inference mode: no version counter to trust
         key = tuple((id(x), x._version) if isinstance(x, torch.Tensor) else x
                     for x in (anchor, *inputs))
-        slot = id(anchor)
-        found = self.entries.get(slot)
-        if found is None or found[0]() is not anchor or found[1] != key:
-            ref = weakref.ref(anchor, lambda _: self.entries.pop(slot, None))
+        found = self.entries.get(key)
+        if found is None or found[0]() is not anchor:
+            ref = weakref.ref(anchor, lambda _: self.entries.pop(key, None))
             # inputs kept alive with the entry: no other tensor can take their ids
-            found = self.entries[slot] = (ref, key, inputs, make())
-        return found[3]
+            found = self.entries[key] = (ref, inputs, make())
+        return found[2]
 
 
 PLANS, TABLES = StepPlans(), StepPlans()

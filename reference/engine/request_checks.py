@@ -93,7 +93,8 @@ def check_request(request_id: str, num_prompt_tokens: int, params, kv,
     if beam:  # beams share the prompt; each may hold its own tokens and one spare block
         never = kv.never_fits_beams(num_prompt_tokens, most, width)
     else:  # at worst every sample holds its own copy of everything (after a recompute)
-        never = kv.never_fits(most, copies=width)
+        never = kv.never_fits(most, copies=width, chunk_tokens=sc.max_num_batched_tokens
+                              if sc.enable_chunked_prefill else None)
     if never:
         amount = f"{width} x {most} tokens" if width > 1 else f"{most} tokens"
         raise FieldValueError("max_tokens", f"request {request_id!r} needs up to {amount} of KV "

@@ -280,6 +280,7 @@ class Scheduler:
             prefilling = [s for s in seqs if s.is_prefill]
             if prefilling:  # chunked prompts (or a recomputed group's prompts) not done yet
                 for seq in prefilling:
+                    self._make_room_for_chunk(group, seq, queue, out)
                     self._add_prefill(out, group, seq)
                 self.running.append(group)
                 continue
@@ -334,7 +335,7 @@ class Scheduler:
                 break
             left = self._tokens_left(out)
             too_long = not chunked and longest > left
-            if left == 0 or too_long or not self.kv.can_admit(group):
+            if left == 0 or too_long or not self.kv.can_admit(group, left):
                 break  # FCFS: whoever is behind the head waits too
             self.waiting.popleft()
             self.running.append(group)
@@ -345,12 +346,35 @@ class Scheduler:
                 self._add_prefill(out, group, seq)
     # --8<-- [end:admit]
 
-    def _add_prefill(self, out: SchedulerOutput, group: SequenceGroup, seq: Sequence) -> None:
-        """Schedule what fits of the sequence's uncomputed tokens: a chunk with chunked
-        prefill, else all of them or (when the budget is spent) none this step."""
+    def _chunk(self, out: SchedulerOutput, seq: Sequence) -> int:
+        """What fits of the sequence's uncomputed tokens this step: a chunk with chunked
+        prefill, else all of them or (when the budget is spent) none."""
         n = min(seq.num_uncomputed_tokens, self._tokens_left(out))
-        if n > 0 and (self.config.enable_chunked_prefill or n == seq.num_uncomputed_tokens):
-            out.add(group, seq, n)
+        whole = self.config.enable_chunked_prefill or n == seq.num_uncomputed_tokens
+        return n if n > 0 and whole else 0
+
+    def _add_prefill(self, out: SchedulerOutput, group: SequenceGroup, seq: Sequence) -> None:
+        """Schedule the sequence's next chunk. Where the pool books per chunk (every layer
+        slides over a window) its slots are booked now, if the pool has them; else it waits
+        a step, keeping what it holds."""
+        n = self._chunk(out, seq)
+        if n == 0:
+            return
+        if self.kv.books_per_chunk:
+            if not self.kv.can_allocate_slots(group, n, seqs=[seq]):
+                return
+            out.blocks_to_copy += self.kv.allocate_slots(seq, n)
+        out.add(group, seq, n)
+
+    def _make_room_for_chunk(self, group: SequenceGroup, seq: Sequence, queue: deque,
+                             out: SchedulerOutput) -> None:
+        """Where the pool books per chunk, a running prompt short of blocks for its next chunk
+        preempts the latest arrivals behind it, as a decode does: the earliest prompt always
+        goes on, so the step never stalls with every prompt waiting on another."""
+        n = self._chunk(out, seq)
+        while (self.kv.books_per_chunk and n and queue
+               and not self.kv.can_allocate_slots(group, n, seqs=[seq])):
+            self._preempt(queue.pop(), out)
 
     # --8<-- [start:swap_in]
     def _swap_in(self, out: SchedulerOutput) -> None:

@@ -116,13 +116,29 @@ class PagedKVCacheManager:
     def prefix_cache(self):
         return self.manager.prefix_cache
 
-    def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
+    @property
+    def books_per_chunk(self) -> bool:
+        """Does a prompt book its slots chunk by chunk, as it is computed (vLLM V1), rather
+        than all at admission? Where every group slides over a window: such a sequence never
+        holds more than its window and a chunk, so a prompt longer than the pool still runs.
+        A group that keeps every token needs the whole prompt's blocks by the end of its
+        prefill anyway; booking them at admission means it never waits halfway."""
+        return all(m.sliding_window is not None for m in self.managers)
+
+    def never_fits(self, num_tokens: int, copies: int = 1,
+                   chunk_tokens: int | None = None) -> bool:
         """Would `copies` sequences of num_tokens tokens, sharing nothing, overflow the pool?
-        A sliding window does not lower this: admission books a sequence's whole prompt, and
-        a sequence preempted by recompute books all its tokens again when it is re-admitted
-        (its prefill computes them in one step unless the scheduler chunks it)."""
-        need = sum(m.blocks_needed(num_tokens) for m in self.managers)
-        return copies * need > self.num_total_blocks
+        chunk_tokens: the most tokens a step computes for one sequence, where prefills are
+        chunked (None: a prefill, or a recompute after preemption, computes all its tokens
+        in one step). A pool that books per chunk needs at most a window and a chunk's
+        blocks a sequence: positions c - W + 1 .. c + n - 1 span ceil((W - 1 + n) / block)
+        + 1 blocks."""
+        def peak(m) -> int:
+            if chunk_tokens is None or not self.books_per_chunk:
+                return m.blocks_needed(num_tokens)
+            span = m.blocks_needed(m.sliding_window - 1 + chunk_tokens) + 1
+            return min(m.blocks_needed(num_tokens), span)
+        return copies * sum(peak(m) for m in self.managers) > self.num_total_blocks
 
     def never_fits_beams(self, prompt_len: int, num_tokens: int, beam_width: int) -> bool:
         """Beams share the prompt's blocks; each may hold its own tokens and one spare block
@@ -131,34 +147,48 @@ class PagedKVCacheManager:
         need = bn(prompt_len) + beam_width * (bn(num_tokens - prompt_len) + 1)
         return need * len(self.managers) > self.num_total_blocks
 
-    def _lookup_ids(self, group, seq) -> list[int] | None:
-        """The tokens to look up in the prefix cache: a hit must hold in every group (the
-        prefill starts after it in all of them), so the ids are cut to the shortest hit."""
-        ids = _lookup_ids(group, seq)
-        if ids is None or self.manager.prefix_cache is None or len(self.managers) == 1:
-            return ids
-        hits = min(len(self.manager.prefix_cache.lookup(ids, m.key_root))
-                   for m in self.managers)
-        return ids[:hits * self.block_size + 1]  # lookup leaves the last id to compute
+    def _prefix_hit(self, group, seq) -> tuple[list[int] | None, int]:
+        """(the tokens to look up in the prefix cache, how many leading full blocks it holds
+        in every group): a hit must hold in all groups (the prefill starts after it in all of
+        them), so the ids are cut to the shortest hit."""
+        ids, cache = _lookup_ids(group, seq), self.manager.prefix_cache
+        if ids is None or cache is None:
+            return ids, 0
+        hits = min(len(cache.lookup(ids, m.key_root)) for m in self.managers)
+        return ids[:hits * self.block_size + 1], hits  # lookup leaves the last id to compute
+
+    def _booked_at_admission(self, seq, hits: int, num_new_tokens: int | None) -> int:
+        """Tokens whose slots admission books: all of them, or where the pool books per
+        chunk the prefix-cache hits (their blocks exist) and, for can_admit, the first
+        chunk of num_new_tokens (None: only the hits)."""
+        if not self.books_per_chunk:
+            return len(seq)
+        cached = hits * self.block_size
+        return min(len(seq), cached + (num_new_tokens or 0))
 
     # --8<-- [start:can_admit]
-    def can_admit(self, group) -> bool:
+    def can_admit(self, group, num_new_tokens: int | None = None) -> bool:
+        """Room for the group's sequences (num_new_tokens: the most its first step computes
+        for one, where the pool books per chunk)."""
         needed = 0
         for s in group.unfinished_seqs():
-            ids = self._lookup_ids(group, s)
-            needed += sum(m.num_new_blocks(len(s), ids) for m in self.managers)
+            ids, hits = self._prefix_hit(group, s)
+            tokens = self._booked_at_admission(s, hits, num_new_tokens)
+            needed += sum(m.num_new_blocks(tokens, ids) for m in self.managers)
         return self.num_free_blocks - needed >= min(self.watermark_blocks,
                                                     self.num_total_blocks - needed)
     # --8<-- [end:can_admit]
 
     # --8<-- [start:admit]
     def admit(self, group) -> list[KVCacheBlocks]:
-        """Blocks for every unfinished sequence's tokens, and how many of its leading tokens the
-        prefix cache already holds (they need no prefill)."""
+        """Blocks for every unfinished sequence's tokens (where the pool books per chunk,
+        for its prefix-cache hits only: its prefill books the rest), and how many of its
+        leading tokens the prefix cache already holds (they need no prefill)."""
         admitted = []
         for seq in group.unfinished_seqs():
-            ids = self._lookup_ids(group, seq)
-            blocks = [m.allocate(seq.seq_id, len(seq), ids) for m in self.managers]
+            ids, hits = self._prefix_hit(group, seq)
+            tokens = self._booked_at_admission(seq, hits, None)
+            blocks = [m.allocate(seq.seq_id, tokens, ids) for m in self.managers]
             admitted.append(KVCacheBlocks(list(blocks[0]),
                                           self.manager.num_cached_tokens(seq.seq_id)))
         return admitted
@@ -186,14 +216,15 @@ class PagedKVCacheManager:
         return wanted - self.manager.num_tokens(seq.seq_id)
 
     def can_allocate_slots(self, group, num_new_tokens: int = 1,
-                           num_lookahead_tokens: int = 0) -> bool:
+                           num_lookahead_tokens: int = 0, seqs=None) -> bool:
         """Blocks for every sequence of the group's allocate_slots, in every KV cache group:
         fresh blocks past the last one's room; a copy where it is shared — except for the
         last of the group's sharers to write, when nobody outside the group holds the block
         (by then it owns the block alone); and a copy of every shared block a sequence
         writes into again (slots it held past its computed tokens when it was forked:
-        counted whole, never short)."""
-        seqs = group.unfinished_seqs()
+        counted whole, never short). seqs: these of the group's sequences only (one
+        prompt's chunk)."""
+        seqs = group.unfinished_seqs() if seqs is None else seqs
         wanted = [self._slots_wanted(s, num_new_tokens, num_lookahead_tokens) for s in seqs]
         needed = 0
         for m in self.managers:
@@ -309,6 +340,7 @@ class ContiguousKVCacheManager:
     layout = "contiguous"
     block_size = 1  # stats and the cache engine count slots as blocks of one
     num_kv_cache_groups = 1  # a slab per sequence, whatever the layers
+    books_per_chunk = False  # a slab is reserved whole at admission
 
     def __init__(self, num_slots: int, policy: str, max_model_len: int):
         self.allocator = ContiguousAllocator(num_slots, policy, max_model_len)
@@ -329,11 +361,12 @@ class ContiguousKVCacheManager:
         remaining = group.sampling_params.max_tokens - len(seq.output_token_ids)
         return len(seq), max(1, min(remaining, self.max_model_len - len(seq)))
 
-    def never_fits(self, num_tokens: int, copies: int = 1) -> bool:
+    def never_fits(self, num_tokens: int, copies: int = 1,
+                   chunk_tokens: int | None = None) -> bool:
         return min(num_tokens, self.max_model_len) > self.allocator.total_slots or (
             self.allocator.policy == "max" and self.max_model_len > self.allocator.total_slots)
 
-    def can_admit(self, group) -> bool:
+    def can_admit(self, group, num_new_tokens: int | None = None) -> bool:
         return all(self.allocator.can_allocate(*self._lengths(group, s))
                    for s in group.unfinished_seqs())
 

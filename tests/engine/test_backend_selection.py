@@ -105,6 +105,7 @@ def test_step_plans_compute_once_per_step_and_never_serve_a_stale_value():
     assert plans.get(anchor, (table, 16), make) == 1
     assert plans.get(anchor, (table, 16), make) == 1  # a later layer finds it
     assert plans.get(anchor, (table, 8), make) == 2  # another block size
+    assert plans.get(anchor, (table, 16), make) == 1  # both kept: a hybrid step alternates
     table[0, 0] = 7  # changed in place: its version moved on
     assert plans.get(anchor, (table, 8), make) == 3
     assert plans.get(anchor, (table.clone(), 8), make) == 4  # another tensor, equal values

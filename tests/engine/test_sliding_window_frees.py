@@ -28,8 +28,16 @@ PROMPT = list(range(5, 11))  # shorter than the window: the bound holds from the
 def windowed(tmp_path_factory):
     """A random Mistral checkpoint with a window of 8 (the shared one has 16) and room for
     generations many windows long."""
-    config = tiny_config("mistral", sliding_window=WINDOW, max_position_embeddings=2048)
+    config = tiny_config("mistral", sliding_window=WINDOW, max_position_embeddings=512)
     return write_random_checkpoint(tmp_path_factory.mktemp("windowed") / "mistral", config,
+                                   seed=0, init_std=INIT_STD)
+
+
+@pytest.fixture(scope="module")
+def long_windowed(tmp_path_factory):
+    """The same model with 2,048 positions, for runs of thousands of tokens."""
+    config = tiny_config("mistral", sliding_window=WINDOW, max_position_embeddings=2048)
+    return write_random_checkpoint(tmp_path_factory.mktemp("long") / "mistral", config,
                                    seed=0, init_std=INIT_STD)
 
 
@@ -84,27 +92,53 @@ def test_long_generation_holds_only_the_window(tier, windowed, loop):
     no_leak(llm)
 
 
-def test_two_thousand_tokens_hold_the_window_at_every_step(tier, windowed):
-    """One sequence generates 2,000 tokens (250 windows): the blocks in use, counted through
-    stats() after every step, never pass BOUND, and every block comes back. (The pool could
-    hold all 2,006 tokens: the door admits a request only if a recompute of all its tokens
-    in one prefill would fit. The tokens are checked against the loop on the shorter runs
-    above: the loop's 2,000 steps over a growing cache would be most of this test's time.)"""
-    llm = tier.LLM(windowed, block_size=BLOCK, num_gpu_blocks=510, max_model_len=2048)
-    used: list[int] = []
-    llm.engine.add_step_observer(lambda e, s, i: used.append(e.stats()["blocks_used"]))
-    out = llm.generate({"prompt_token_ids": PROMPT}, greedy(tier, 2000), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == 2000
-    assert len(used) == 2000 and max(used) <= BOUND
+def test_two_thousand_tokens_hold_the_window_at_every_step(tier, long_windowed):
+    """A prompt of 48 tokens and 2,000 generated ones (256 windows) in a pool of 8 blocks
+    (32 token slots, fewer than the prompt): the prompt books its slots chunk by chunk (16
+    tokens a step), so the blocks in use, counted through stats() at every step, never pass
+    a window and a chunk's (7) and, once it decodes, BOUND; every block comes back. The
+    tokens are those of a pool that holds every token (the single-sequence loop's, checked
+    on the shorter runs above, would take most of this test's time over 2,048 positions)."""
+    prompt = [(7 * i) % 250 for i in range(48)]
+    peak = -(-(WINDOW - 1 + 16) // BLOCK) + 1
+    runs = []
+    for blocks in (8, 760):
+        llm = tier.LLM(long_windowed, block_size=BLOCK, num_gpu_blocks=blocks,
+                       enable_chunked_prefill=True, max_num_batched_tokens=16)
+        used: list[int] = []
+        llm.engine.add_step_observer(lambda e, s, i, used=used: used.append(
+            e.stats()["blocks_used"]))
+        out = llm.generate({"prompt_token_ids": prompt}, greedy(tier, 2000), use_tqdm=False)
+        runs.append(out[0].outputs[0].token_ids)
+        prefill_steps = 48 // 16
+        assert len(used) == prefill_steps + 1999  # the prefill's last step draws token 1
+        assert max(used) <= peak and max(used[prefill_steps:]) <= BOUND
+        no_leak(llm)
+    assert len(runs[0]) == 2000 and runs[0] == runs[1]
+
+
+def test_a_prompt_longer_than_the_pool_runs_in_chunks(tier, windowed, loop):
+    """60 prompt tokens and 20 more in a pool of 8 blocks (32 slots): chunked, each chunk
+    books only what the window and the chunk need, and the tokens are the loop's. Unchunked,
+    the prefill would need all 15 of its blocks in one step: refused at the door."""
+    prompt = [(11 * i) % 250 for i in range(60)]
+    llm = tier.LLM(windowed, block_size=BLOCK, num_gpu_blocks=8, enable_chunked_prefill=True,
+                   max_num_batched_tokens=16)
+    out = llm.generate({"prompt_token_ids": prompt}, greedy(tier, 20), use_tqdm=False)
+    assert out[0].outputs[0].token_ids == loop(tuple(prompt), 20)
     no_leak(llm)
+    whole = tier.LLM(windowed, block_size=BLOCK, num_gpu_blocks=8)
+    with pytest.raises(ValueError, match="max_tokens"):
+        whole.generate({"prompt_token_ids": prompt}, greedy(tier, 20), use_tqdm=False)
 
 
 def test_a_long_prompt_frees_its_window_after_the_prefill(tier, windowed, loop):
-    """A prompt of 5 windows: admission books all of its 10 blocks (the scheduler books a
-    prompt whole), and what the window left behind goes back right after the prefill; chunked
-    (16 tokens a step), after every chunk."""
+    """A prompt of 5 windows in one step books all of its 10 blocks, and what the window
+    left behind goes back right after the prefill. Chunked (16 tokens a step), it books each
+    chunk as it comes (the pool books per chunk where every layer slides): 4 blocks, then
+    the 2 the window still reads and 4 more, then 2 and 2, then the decodes' BOUND."""
     prompt = list(range(30, 70))
-    for chunked, first_steps in ((False, [10, 3]), (True, [10, 8, 4, 3])):
+    for chunked, first_steps in ((False, [10, 3]), (True, [4, 6, 4, 3])):
         llm = tier.LLM(windowed, block_size=BLOCK, num_gpu_blocks=16,
                        enable_chunked_prefill=chunked, max_num_batched_tokens=16 if chunked
                        else 512)
