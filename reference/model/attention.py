@@ -110,6 +110,7 @@ class PagedAttention:
     # --8<-- [end:paged_context]
 
     # --8<-- [start:attend_latent]
+    # --8<-- [start:absorbed_decode]
     def attend_latent(self, layer: int, q_nope: torch.Tensor, q_pe: torch.Tensor,
                       c_kv: torch.Tensor, k_pe: torch.Tensor, positions: torch.Tensor,
                       w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
@@ -133,6 +134,7 @@ class PagedAttention:
                 absorb_query(q_nope[rows], w_uk), q_pe[rows], cache, md.block_tables[seqs],
                 md.seq_lens[seqs], one_each, scale)  # [D, H, R]
             out[rows] = unabsorb_output(out_latent, w_uv)
+        # --8<-- [end:absorbed_decode]
         R = c_kv.shape[-1]
         for b in (q_lens > 1).nonzero()[:, 0].tolist():  # prompts and chunks
             first, end, seq_len = int(starts[b]), int(starts[b + 1]), int(md.seq_lens_cpu[b])

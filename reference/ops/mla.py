@@ -34,7 +34,7 @@ layer is multi-query attention in the latent space, one "KV head"), and the valu
 c_kv the scores just read. Expanded, each cached token needs H * (N + P + V) numbers, either
 stored (the cache MLA exists to avoid: DeepSeek-V2, 128 heads of 128 + 64 and 128, stores
 40,960 numbers a token and layer against 576 for the latent, 71 times fewer) or recomputed from
-the latent every step (2 * H * R * (N + V) multiply-adds per cached token, per step). The
+the latent every step (H * R * (N + V) multiply-adds per cached token, per step). The
 absorption itself costs H * R * (N + V) per *query*, not per cached token.
 
 Why prefill takes the expanded form: a prompt is compute-bound, as many queries as keys. The
