@@ -50,6 +50,7 @@ differs, so outputs agree to float32 rounding before that last step.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.kernels.cpu_ops import (
@@ -168,8 +169,19 @@ class PackedFp8Linear(nn.Module):
         return _finish(out, x, self.bias)
 
 
+# Rows from which a bf16 product goes to oneDNN (F.linear) instead of our kernel. Our kernel
+# reads the weight once for every 16 outputs and is made for a decode step's few rows; oneDNN
+# tiles many rows (AMX or AVX-512 BF16 on the CPUs that have them): on an Intel Xeon (Sapphire
+# Rapids class, one thread, SmolLM2's 1536 x 576 product) ours takes 2.3 ms for 128 rows and
+# 9.0 ms for 512, oneDNN 1.2 and 1.7 ms with the weight put back in nn.Linear's layout for the
+# call (0.8 ms of it), and 0.5 and 0.9 ms without; at 64 rows the two are even.
+ONEDNN_ROWS = 128
+
+
 class PackedBF16Linear(nn.Module):
-    """A bf16 nn.Linear on our kernel, its weight reshuffled into the kernel's pairs."""
+    """A bf16 nn.Linear on our kernel, its weight reshuffled into the kernel's pairs; a
+    prompt's many rows go to oneDNN, the weight unpacked for the call (one copy in memory:
+    the packed one)."""
 
     def __init__(self, layer: nn.Linear, kernels):
         super().__init__()
@@ -177,7 +189,12 @@ class PackedBF16Linear(nn.Module):
         self.bias, self.kernels = layer.bias, kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.kernels.bf16_matmul(_rows(x), self.packed)  # [T, out]
+        rows = _rows(x)  # [T, in]
+        if rows.shape[0] >= ONEDNN_ROWS:
+            blocks, pairs = self.packed.shape[:2]
+            weight = self.packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)
+            return F.linear(x, weight, self.bias)  # [..., out]
+        out = self.kernels.bf16_matmul(rows, self.packed)  # [T, out]
         return _finish(out, x, self.bias)
 
 

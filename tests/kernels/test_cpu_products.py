@@ -173,6 +173,23 @@ def test_bf16_matches_the_twin(path, dtype, n, k):
         check(kernels.bf16_matmul(x, packed), x, w.float())
 
 
+def test_a_prompt_s_rows_go_to_onednn_through_the_unpacked_weight():
+    """From ONEDNN_ROWS rows a bf16 layer multiplies with F.linear on its weight unpacked from
+    the kernel's pairs: bit for bit the original weight, and the product of nn.Linear."""
+    from pagedllm.optimized.quant_layers import ONEDNN_ROWS
+
+    torch.manual_seed(0)
+    dense = nn.Linear(48, 32, bias=False).bfloat16()
+    packed = PackedBF16Linear(dense, kernels)
+    for shape in ((1, 48), (ONEDNN_ROWS - 1, 48), (ONEDNN_ROWS, 48), (3, 100, 48)):
+        x = torch.randn(shape).bfloat16()  # leading dims kept
+        got, want = packed(x), dense(x)
+        assert got.shape == want.shape and got.dtype == torch.bfloat16
+        if x.numel() // 48 >= ONEDNN_ROWS:
+            assert torch.equal(got, want)  # the same oneDNN product, the same weight
+        check(got.reshape(-1, 32), x.reshape(-1, 48), dense.weight.float())
+
+
 # -- rows that are not finite ----------------------------------------------------------------
 def _products():
     torch.manual_seed(0)
