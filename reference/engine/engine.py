@@ -29,12 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..kv import (
-    ContiguousKVCacheManager,
-    KVCacheConfig,
-    PagedKVCacheManager,
-    keep_every_token,
-)
+from ..kv import ContiguousKVCacheManager, KVCacheConfig, PagedKVCacheManager, keep_every_token
 from ..model.loader import load_tokenizer
 from ..model.quantization import float_linears, weight_bytes
 from ..spec_decode.propose import make_proposer, propose
