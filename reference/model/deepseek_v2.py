@@ -44,7 +44,7 @@ from torch import nn
 from ..ops import REFERENCE_BACKEND, Backend
 from ..ops.mla import rotary_interleaved
 from .config import ModelConfig
-from .llama import LlamaMLP, RMSNorm
+from .llama import LlamaDecoderLayer, RMSNorm
 from .rope import rope_inv_freq
 
 # transformers builds q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, not the
@@ -146,23 +146,11 @@ class DeepseekV2Attention(nn.Module):
         return self.o_proj(out.reshape(T, -1))  # [T, hidden]
 
 
-class DeepseekV2DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DeepseekV2Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)  # hf's DeepseekV2MLP: the same SwiGLU, the same names
+class DeepseekV2DecoderLayer(LlamaDecoderLayer):
+    """Llama's layer (pre-norm, the deferred residual add, hf's DeepseekV2MLP: the same SwiGLU
+    and names) with latent attention in place of per-head K/V."""
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                attn) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, residual) -> (this layer's output, the residual stream before it is added), the
-        add deferred into the next norm as in ``llama.py``."""
-        ops = attn.backend
-        h, residual = self.input_layernorm(x, residual, ops)  # [T, hidden] each
-        h = self.self_attn(h, positions, attn)
-        h, residual = self.post_attention_layernorm(h, residual, ops)
-        return self.mlp(h, ops), residual
+    attention_class = DeepseekV2Attention
 
 
 class DeepseekV2Model(nn.Module):

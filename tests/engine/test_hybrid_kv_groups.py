@@ -10,7 +10,6 @@ transformers class whose layers already mix kinds in the engine's Llama module; 
 tests (tests/models/test_gemma3.py) run the same groups with its own model.
 """
 
-import functools
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from pagedllm.reference import generate, load_model
 from pagedllm.reference.kv import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -30,6 +28,7 @@ from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 from ..conftest import INIT_STD
+from .greedy_runs import greedy, no_leak, single_sequence_loop
 
 WINDOW, BLOCK = 8, 4
 BOUND = -(-WINDOW // BLOCK) + 1  # blocks a windowed group holds per decoding sequence: 3
@@ -48,22 +47,7 @@ def hybrid(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loop(hybrid):
     """Greedy tokens of the single-sequence loop (every K/V kept, the window masked)."""
-    model = load_model(hybrid)
-
-    @functools.cache
-    def tokens(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-        return generate(model, list(prompt), max_tokens)
-    return tokens
-
-
-def greedy(tier, max_tokens: int, **kw):
-    return tier.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
-
-
-def no_leak(llm) -> None:
-    stats = llm.stats()
-    assert stats["blocks_used"] == 0 and llm.engine.kv.num_seqs == 0
-    assert stats["swapped_blocks"] == 0
+    return single_sequence_loop(hybrid)
 
 
 # -- grouping ------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ transformers' and the one-sequence loop's (``ContiguousLatentCache``), both tier
 chunked prefill, prefix caching, forks and both preemptions.
 """
 
-import functools
 
 import pytest
 import torch
@@ -15,10 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from pagedllm.reference import generate, load_model
 from pagedllm.reference.kv import MLAAttentionSpec
 from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
+
+from .greedy_runs import greedy, no_leak, single_sequence_loop
 
 BLOCK = 4
 INIT_STD = 0.1  # large enough that greedy tokens depend on every position
@@ -34,22 +34,7 @@ def latent(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loop(latent):
     """Greedy tokens of the one-sequence loop over a contiguous latent cache."""
-    model = load_model(latent)
-
-    @functools.cache
-    def tokens(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-        return generate(model, list(prompt), max_tokens)
-    return tokens
-
-
-def greedy(tier, max_tokens: int, **kw):
-    return tier.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
-
-
-def no_leak(llm) -> None:
-    stats = llm.stats()
-    assert stats["blocks_used"] == 0 and llm.engine.kv.num_seqs == 0
-    assert stats["swapped_blocks"] == 0
+    return single_sequence_loop(latent)
 
 
 def test_tokens_equal_transformers_from_a_latent_pool(tier, latent, loop):

@@ -12,12 +12,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedllm.reference import generate, load_model
 from pagedllm.reference.kv import BlockSpaceManager
 from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 from ..conftest import INIT_STD
+from .greedy_runs import greedy, no_leak, single_sequence_loop
 
 WINDOW, BLOCK = 8, 4
 BOUND = -(-WINDOW // BLOCK) + 1  # blocks a decoding sequence may hold: 3
@@ -44,22 +44,7 @@ def long_windowed(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loop(windowed):
     """Greedy tokens of the single-sequence loop (a contiguous cache that keeps every K/V)."""
-    model = load_model(windowed)
-
-    @functools.cache
-    def tokens(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-        return generate(model, list(prompt), max_tokens)
-    return tokens
-
-
-def greedy(tier, max_tokens: int, **kw):
-    return tier.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
-
-
-def no_leak(llm) -> None:
-    stats = llm.stats()
-    assert stats["blocks_used"] == 0 and llm.engine.kv.num_seqs == 0
-    assert stats["swapped_blocks"] == 0
+    return single_sequence_loop(windowed)
 
 
 # -- the engine ---------------------------------------------------------------------------------
