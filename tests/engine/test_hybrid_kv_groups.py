@@ -28,7 +28,7 @@ from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
 from ..conftest import INIT_STD
-from .greedy_runs import greedy, no_leak, single_sequence_loop
+from .greedy_runs import check_shared_prefix_workload, greedy, no_leak, single_sequence_loop
 
 WINDOW, BLOCK = 8, 4
 BOUND = -(-WINDOW // BLOCK) + 1  # blocks a windowed group holds per decoding sequence: 3
@@ -164,17 +164,8 @@ def test_preemption_forks_and_prefix_caching_keep_the_tokens(tier, hybrid, loop,
                                                              prefix, chunked):
     """n > 1 samples (forked in every group), a shared prefix, chunked prefill or not, and a
     pool small enough to preempt: the loop's tokens, and nothing leaks."""
-    shared = list(range(200, 212))
-    prompts = [(shared if starts else []) + [(7 * j + k) % 250 for j in range(length)]
-               for k, (_, length, starts, _) in enumerate(reqs)]
-    llm = tier.LLM(hybrid, block_size=BLOCK, num_gpu_blocks=130, preemption_mode=mode,
-                   swap_space_blocks=200, enable_prefix_caching=prefix,
-                   enable_chunked_prefill=chunked, max_num_batched_tokens=16 if chunked else 512)
-    params = [greedy(tier, max_tokens, n=n) for n, _, _, max_tokens in reqs]
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for prompt, out, (n, _, _, max_tokens) in zip(prompts, outs, reqs, strict=True):
-        assert [c.token_ids for c in out.outputs] == [loop(tuple(prompt), max_tokens)] * n
-    no_leak(llm)
+    check_shared_prefix_workload(tier, hybrid, loop, reqs, mode, prefix, chunked,
+                                 num_gpu_blocks=130, swap_space_blocks=200)
 
 
 def test_a_tight_pool_preempts_and_gives_the_same_tokens(tier, hybrid, loop):

@@ -18,7 +18,7 @@ from pagedllm.reference.kv import MLAAttentionSpec
 from pagedllm.reference.kv_size import kv_size
 from pagedllm.reference.model.random_checkpoint import tiny_config, write_random_checkpoint
 
-from .greedy_runs import greedy, no_leak, single_sequence_loop
+from .greedy_runs import check_shared_prefix_workload, greedy, no_leak, single_sequence_loop
 
 BLOCK = 4
 INIT_STD = 0.1  # large enough that greedy tokens depend on every position
@@ -73,17 +73,8 @@ def test_preemption_forks_chunks_and_prefix_hits_keep_the_tokens(tier, latent, l
     """n > 1 samples (their latent blocks shared, copied on write), a shared prefix (found in
     the cache: its decode reads latents another request wrote), chunks of 16 tokens (expanded
     over latents written by earlier steps) and a pool small enough to preempt."""
-    shared = list(range(200, 212))
-    prompts = [(shared if starts else []) + [(7 * j + k) % 250 for j in range(length)]
-               for k, (_, length, starts, _) in enumerate(reqs)]
-    llm = tier.LLM(latent, block_size=BLOCK, num_gpu_blocks=32, preemption_mode=mode,
-                   swap_space_blocks=64, enable_prefix_caching=prefix,
-                   enable_chunked_prefill=chunked, max_num_batched_tokens=16 if chunked else 512)
-    params = [greedy(tier, max_tokens, n=n) for n, _, _, max_tokens in reqs]
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for prompt, out, (n, _, _, max_tokens) in zip(prompts, outs, reqs, strict=True):
-        assert [c.token_ids for c in out.outputs] == [loop(tuple(prompt), max_tokens)] * n
-    no_leak(llm)
+    check_shared_prefix_workload(tier, latent, loop, reqs, mode, prefix, chunked,
+                                 num_gpu_blocks=32)
 
 
 def test_a_tight_pool_preempts_both_ways(tier, latent, loop):
