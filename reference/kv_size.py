@@ -270,7 +270,7 @@ def describe(s: KVSize, tokens: int | None = None, block_size: int = 16) -> str:
         lines.append(f"  the same {s.num_layers} layers under each kind of attention:")
         lines += [f"    {kind}  {what:42} {cost:>10,} B per token  {cost / mla:5.2f}x MLA"
                   for kind, what, cost in rows]
-    elif s.layer_windows:  # windowed and full layers: a group per kind (or several)
+    elif s.layer_windows and s.sliding_window is None:  # windowed and full layers
         groups = s.kv_cache_groups(block_size)
         local = sum(isinstance(g.kv_cache_spec, SlidingWindowSpec) for g in groups)
         held_bytes = s.bytes_held(tokens, block_size)

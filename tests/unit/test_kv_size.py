@@ -59,3 +59,17 @@ def test_a_windowed_checkpoint_is_priced_by_its_window(checkpoints):
     s = kv_size(checkpoints["mistral"])  # window 16
     assert s.sliding_window == 16 and s.held_blocks(200, block_size=4) == 5
     assert kv_size(checkpoints["llama"]).sliding_window is None
+
+
+def test_each_kind_is_described_once():
+    """One window over every layer: the window's line; windowed and full layers: the groups'
+    line; a latent: the four kinds of attention over its layers."""
+    from pagedllm.reference.kv_size import describe
+
+    mistral = describe(kv_size("mistral-7b"), 32_768)
+    assert "sliding window 4,096" in mistral and "KV cache groups" not in mistral
+    gemma = describe(kv_size("gemma-3-27b"), 32_768)
+    assert "7 KV cache groups of 10 layers (6 windowed, 1 full)" in gemma
+    assert "2,438 blocks of 16" in gemma and "sliding window" not in gemma
+    latent = describe(kv_size("deepseek-v2"), 4096)
+    assert "one latent row of 576" in latent and "56.89x MLA" in latent
