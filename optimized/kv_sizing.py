@@ -9,29 +9,31 @@ num_gpu_blocks nor kv_cache_memory was given, on CUDA only (``profile_num_blocks
 
 import torch
 
+from pagedllm.reference.kv import CacheEngine, KVCacheConfig
 from pagedllm.reference.model import AttentionMetadata, PagedAttention
 from pagedllm.reference.model.quantization import weight_bytes
 
 
 # --8<-- [start:profile_num_blocks]
-def profile_num_blocks(model, backend, block_size: int, max_tokens: int,
+def profile_num_blocks(model, backend, kv_cache_groups, max_tokens: int,
                        max_model_len: int, utilization: float) -> int:
     """KV blocks that fit once the weights and a full step's activations are in memory.
 
     One forward of max_tokens tokens (the most a step can compute, as sequences of at
     most max_model_len tokens: positions stay inside the model's table) over a pool just
-    large enough for them; the peak it reaches is what every step may need.
+    large enough for them, laid out as the runner's kv_cache_groups say (its
+    ``get_kv_cache_spec``: per-head K/V, or a latent row); the peak it reaches is what
+    every step may need.
     """
-    cfg, device = model.config, next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    block_size = kv_cache_groups[0].kv_cache_spec.block_size
     lens = [max_model_len] * (max_tokens // max_model_len)
     if max_tokens % max_model_len:
         lens.append(max_tokens % max_model_len)
     per_seq = -(-max(lens) // block_size)
     blocks = per_seq * len(lens)
-    shape = (blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-    v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+    pool = KVCacheConfig(blocks, 0, kv_cache_groups)
+    cache = CacheEngine.from_kv_cache_config(pool, device, backend)
     seq_lens = torch.tensor(lens, dtype=torch.int32)  # [S]
     starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],
                           dtype=torch.int32)  # [S + 1]
@@ -49,19 +51,17 @@ def profile_num_blocks(model, backend, block_size: int, max_tokens: int,
     before = torch.cuda.memory_allocated(device)
     with torch.inference_mode():
         ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
-        model(ids, positions, PagedAttention(md, k, v, backend),
-              logits_indices=starts[1:].to(device) - 1)
+        attn = PagedAttention(md, cache.layer_k, cache.layer_v, backend, cache.quant)
+        model(ids, positions, attn, logits_indices=starts[1:].to(device) - 1)
     torch.cuda.synchronize(device)
     activations = torch.cuda.max_memory_allocated(device) - before  # the step's peak
     weights = weight_bytes(model)  # quantized codes and scales included
-    del k, v
+    del attn, cache
     torch.cuda.empty_cache()
     # In use now: the weights, the CUDA context, whatever else runs on the GPU.
     free, total = torch.cuda.mem_get_info(device)
     free_for_kv = utilization * total - (total - free) - activations
-    per_block = (2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim
-                 * dtype.itemsize)
-    num_blocks = int(free_for_kv // per_block)
+    num_blocks = int(free_for_kv // pool.bytes_per_block)
     if num_blocks < 1:
         raise ValueError(
             f"gpu_memory_utilization = {utilization} leaves no room for the KV cache "

@@ -89,7 +89,8 @@ class ModelRunner(ReferenceModelRunner):
 
     def profile_num_blocks(self) -> int:
         sc = self.config.scheduler_config
-        return profile_num_blocks(self.model, self.backend, self.config.block_size,
+        return profile_num_blocks(self.model, self.backend,
+                                  self.get_kv_cache_spec(self.config.block_size),
                                   sc.max_num_batched_tokens, sc.max_model_len,
                                   self.config.gpu_memory_utilization)
 

@@ -243,7 +243,11 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise FieldValueError("max_num_batched_tokens", f"max_num_batched_tokens ({max_tokens}) "
                               f"must be >= max_model_len ({max_model_len}) unless "
                               "enable_chunked_prefill: a whole prompt must fit in one step")
-    per_token = kv_size(model_dir, dtype_name, kv_format.name).bytes_per_token  # scales included
+    size = kv_size(model_dir, dtype_name, kv_format.name)  # scales included
+    # A block id's bytes: its row in every tensor its KV cache group's layers share (a slab
+    # layout keeps every layer's rows in one group)
+    per_block = size.bytes_per_block(args.block_size) if args.kv_layout == "paged" \
+        else size.bytes_per_token * args.block_size
     if args.tensor_parallel_size > 1:
         try:
             check_tensor_parallel_size(cfg, args.tensor_parallel_size)
@@ -253,10 +257,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         # for the rank holding the most heads.
         most = max(len(attention_heads(cfg, r, args.tensor_parallel_size)[1])
                    for r in range(args.tensor_parallel_size))
-        per_token = per_token * most // cfg.num_kv_heads
-    num_gpu_blocks = _num_gpu_blocks(args, runner, device, per_token)
-    swap_space_blocks = args.swap_space_blocks or int(args.swap_space * 2**30) // (
-        per_token * args.block_size)
+        per_block = per_block * most // cfg.num_kv_heads
+    num_gpu_blocks = _num_gpu_blocks(args, runner, device, per_block)
+    swap_space_blocks = args.swap_space_blocks or int(args.swap_space * 2**30) // per_block
     if (num_gpu_blocks is not None and args.kv_layout == "contiguous"
             and args.reservation_policy == "max"
             and num_gpu_blocks * args.block_size < max_model_len):
@@ -323,6 +326,14 @@ def _check_draft(spec: SpeculativeConfig | None, cfg: ModelConfig,
                               f"{draft.vocab_size} tokens, the target's has {cfg.vocab_size}: "
                               "a draft must share the target's vocabulary (its token ids "
                               "are proposed as the target's)")
+    windows = [w for w in draft.sliding_windows if w is not None]
+    if windows and spec.num_speculative_tokens >= min(windows):
+        # its proposals would push the window past tokens it must roll back to
+        raise FieldValueError("speculative_config.num_speculative_tokens",
+                              f"num_speculative_tokens {spec.num_speculative_tokens}: the "
+                              f"draft {spec.model!r} slides over a window of {min(windows)} "
+                              "tokens, and its blocks behind the window go back to the pool "
+                              f"while it proposes; use fewer than {min(windows)}")
     return replace(spec, draft_model_dir=draft_dir)
 
 
@@ -531,18 +542,18 @@ def _kv_cache_format(args: EngineArgs) -> KVCacheFormat:
 
 
 def _num_gpu_blocks(args: EngineArgs, runner: type[ModelRunner], device: torch.device,
-                    per_token: int) -> int | None:
-    """Blocks in the KV pool: as given; or as many as kv_cache_memory buys (per_token bytes a
-    token, scales included); or None, for a runner that profiles a step on CUDA to find what the
+                    per_block: int) -> int | None:
+    """Blocks in the KV pool: as given; or as many as kv_cache_memory buys (per_block bytes a
+    block, scales included); or None, for a runner that profiles a step on CUDA to find what the
     GPU has left (vLLM's way)."""
     if args.num_gpu_blocks is not None:
         return args.num_gpu_blocks
     if args.kv_cache_memory is None and runner.profiles_kv_cache and device.type == "cuda":
         return None
     memory = args.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-    num_gpu_blocks = memory // (per_token * args.block_size)
+    num_gpu_blocks = memory // per_block
     if num_gpu_blocks < 1:
         raise FieldValueError("kv_cache_memory", f"kv_cache_memory = {args.kv_cache_memory} "
                               f"bytes holds no block of {args.block_size} tokens "
-                              f"({per_token * args.block_size} bytes)")
+                              f"({per_block} bytes)")
     return num_gpu_blocks

@@ -41,6 +41,11 @@ class KVCacheBlocks:
     num_cached_tokens: int = 0
 
 
+def _books_per_chunk(m: BlockSpaceManager) -> bool:
+    """A windowed group books a prompt chunk by chunk (``PagedKVCacheManager.books_per_chunk``)."""
+    return m.sliding_window is not None
+
+
 def _lookup_ids(group, seq) -> list[int] | None:
     """The tokens to look up in the prefix cache at admission: none (no lookup) for a group
     that must compute every prompt position (it wants its prompt logprobs)."""
@@ -118,23 +123,24 @@ class PagedKVCacheManager:
 
     @property
     def books_per_chunk(self) -> bool:
-        """Does a prompt book its slots chunk by chunk, as it is computed (vLLM V1), rather
-        than all at admission? Where every group slides over a window: such a sequence never
-        holds more than its window and a chunk, so a prompt longer than the pool still runs.
-        A group that keeps every token needs the whole prompt's blocks by the end of its
-        prefill anyway; booking them at admission means it never waits halfway."""
-        return all(m.sliding_window is not None for m in self.managers)
+        """Does some group book a prompt chunk by chunk, as it is computed (vLLM V1), rather
+        than all at admission? A windowed group does: it never holds more than its window and
+        a chunk, so a prompt longer than the pool still runs (a Mistral pool; a hybrid
+        pool's windowed groups). A group that keeps every token needs the whole prompt's
+        blocks by the end of its prefill anyway: it books them at admission, so it never
+        waits halfway."""
+        return any(_books_per_chunk(m) for m in self.managers)
 
     def never_fits(self, num_tokens: int, copies: int = 1,
                    chunk_tokens: int | None = None) -> bool:
         """Would `copies` sequences of num_tokens tokens, sharing nothing, overflow the pool?
         chunk_tokens: the most tokens a step computes for one sequence, where prefills are
         chunked (None: a prefill, or a recompute after preemption, computes all its tokens
-        in one step). A pool that books per chunk needs at most a window and a chunk's
-        blocks a sequence: positions c - W + 1 .. c + n - 1 span ceil((W - 1 + n) / block)
-        + 1 blocks."""
+        in one step). A windowed group that books per chunk needs at most a window and a
+        chunk's blocks a sequence: positions c - W + 1 .. c + n - 1 span
+        ceil((W - 1 + n) / block) + 1 blocks."""
         def peak(m) -> int:
-            if chunk_tokens is None or not self.books_per_chunk:
+            if chunk_tokens is None or not _books_per_chunk(m):
                 return m.blocks_needed(num_tokens)
             span = m.blocks_needed(m.sliding_window - 1 + chunk_tokens) + 1
             return min(m.blocks_needed(num_tokens), span)
@@ -157,40 +163,47 @@ class PagedKVCacheManager:
         hits = min(len(cache.lookup(ids, m.key_root)) for m in self.managers)
         return ids[:hits * self.block_size + 1], hits  # lookup leaves the last id to compute
 
-    def _booked_at_admission(self, seq, hits: int, num_new_tokens: int | None) -> int:
-        """Tokens whose slots admission books: all of them, or where the pool books per
-        chunk the prefix-cache hits (their blocks exist) and, for can_admit, the first
-        chunk of num_new_tokens (None: only the hits)."""
-        if not self.books_per_chunk:
+    def _booked_at_admission(self, m, seq, hits: int, num_new_tokens: int | None) -> int:
+        """Tokens whose slots admission books in group m: all of them, or in a group that
+        books per chunk the prefix-cache hits (their blocks exist) and, for can_admit, the
+        first chunk of num_new_tokens (None: only the hits)."""
+        if not _books_per_chunk(m):
             return len(seq)
-        cached = hits * self.block_size
-        return min(len(seq), cached + (num_new_tokens or 0))
+        return min(len(seq), hits * self.block_size + (num_new_tokens or 0))
 
     # --8<-- [start:can_admit]
     def can_admit(self, group, num_new_tokens: int | None = None) -> bool:
         """Room for the group's sequences (num_new_tokens: the most its first step computes
-        for one, where the pool books per chunk)."""
+        for one, where a group books per chunk)."""
         needed = 0
         for s in group.unfinished_seqs():
             ids, hits = self._prefix_hit(group, s)
-            tokens = self._booked_at_admission(s, hits, num_new_tokens)
-            needed += sum(m.num_new_blocks(tokens, ids) for m in self.managers)
+            needed += sum(m.num_new_blocks(self._booked_at_admission(m, s, hits,
+                                                                     num_new_tokens), ids)
+                          for m in self.managers)
         return self.num_free_blocks - needed >= min(self.watermark_blocks,
                                                     self.num_total_blocks - needed)
     # --8<-- [end:can_admit]
 
     # --8<-- [start:admit]
     def admit(self, group) -> list[KVCacheBlocks]:
-        """Blocks for every unfinished sequence's tokens (where the pool books per chunk,
+        """Blocks for every unfinished sequence's tokens (in a group that books per chunk,
         for its prefix-cache hits only: its prefill books the rest), and how many of its
-        leading tokens the prefix cache already holds (they need no prefill)."""
+        leading tokens the prefix cache already holds (they need no prefill). Every group
+        takes its hits before any takes a fresh block: a fresh block is the oldest free one,
+        which may be another group's cached block, and taking it would lose that hit."""
         admitted = []
         for seq in group.unfinished_seqs():
             ids, hits = self._prefix_hit(group, seq)
-            tokens = self._booked_at_admission(seq, hits, None)
-            blocks = [m.allocate(seq.seq_id, tokens, ids) for m in self.managers]
-            admitted.append(KVCacheBlocks(list(blocks[0]),
-                                          self.manager.num_cached_tokens(seq.seq_id)))
+            for m in self.managers:  # the hits: shared, or taken back from the free list
+                m.allocate(seq.seq_id, hits * self.block_size, ids)
+            for m in self.managers:  # then fresh blocks for the rest
+                m.append_slots(seq.seq_id, self._booked_at_admission(m, seq, hits, None)
+                               - hits * self.block_size)
+            cached = {m.num_cached_tokens(seq.seq_id) for m in self.managers}
+            assert cached == {hits * self.block_size}, cached
+            admitted.append(KVCacheBlocks(self.manager.block_table(seq.seq_id),
+                                          hits * self.block_size))
         return admitted
     # --8<-- [end:admit]
 
@@ -210,10 +223,12 @@ class PagedKVCacheManager:
             m.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
     # --8<-- [end:mark_computed]
 
-    def _slots_wanted(self, seq, num_new_tokens: int, num_lookahead_tokens: int) -> int:
-        """Slots the sequence lacks for its computed tokens, this step's and the lookahead."""
+    @staticmethod
+    def _slots_wanted(m, seq, num_new_tokens: int, num_lookahead_tokens: int) -> int:
+        """Slots the sequence lacks in group m for its computed tokens, this step's and the
+        lookahead (a group that books per chunk may hold fewer than another)."""
         wanted = seq.num_computed_tokens + num_new_tokens + num_lookahead_tokens
-        return wanted - self.manager.num_tokens(seq.seq_id)
+        return wanted - m.num_tokens(seq.seq_id)
 
     def can_allocate_slots(self, group, num_new_tokens: int = 1,
                            num_lookahead_tokens: int = 0, seqs=None) -> bool:
@@ -225,9 +240,10 @@ class PagedKVCacheManager:
         counted whole, never short). seqs: these of the group's sequences only (one
         prompt's chunk)."""
         seqs = group.unfinished_seqs() if seqs is None else seqs
-        wanted = [self._slots_wanted(s, num_new_tokens, num_lookahead_tokens) for s in seqs]
         needed = 0
         for m in self.managers:
+            wanted = [self._slots_wanted(m, s, num_new_tokens, num_lookahead_tokens)
+                      for s in seqs]
             needed += m.num_blocks_to_append([s.seq_id for s in seqs], num_slots=wanted)
             needed += sum(m.num_shared_blocks(s.seq_id, s.num_computed_tokens) for s in seqs)
         return needed <= self.num_free_blocks
@@ -241,12 +257,12 @@ class PagedKVCacheManager:
         rejected ones). Slots the sequence already holds count. Returns the block pairs to
         copy first where a block it writes into is shared (copy-on-write). Blocks out of a
         sliding window go back first (vLLM's order: even if nothing more is booked)."""
-        wanted = max(self._slots_wanted(seq, num_new_tokens, num_lookahead_tokens), 0)
         copies = []
         for m in self.managers:
             m.remove_skipped_blocks(seq.seq_id, seq.num_computed_tokens)
             copies += m.copy_on_write(seq.seq_id, seq.num_computed_tokens)
-            copy = m.append_slots(seq.seq_id, wanted)
+            wanted = self._slots_wanted(m, seq, num_new_tokens, num_lookahead_tokens)
+            copy = m.append_slots(seq.seq_id, max(wanted, 0))
             copies += [copy] if copy else []
         self.num_cow_copies += len(copies)
         return copies

@@ -61,11 +61,9 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class FullAttentionSpec(AttentionSpec):
-    """Every token's K and V, kept until the sequence ends. sliding_window, where set, is what
-    attention reads (the last W tokens), not what is kept: the pool keeps them all (a model
-    whose layers slide over different windows, until such a model has a group per window)."""
-
-    sliding_window: int | None = None
+    """Every token's K and V, kept until the sequence ends (also a windowed layer's in a
+    layout that keeps every token, ``keep_every_token``: its window is then the attention
+    mask's alone)."""
 
 
 @dataclass(frozen=True)

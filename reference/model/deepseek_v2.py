@@ -27,8 +27,9 @@ the two halves of kv_b_proj through one call:
         -> [T, H, V], the input of o_proj
 
 ``latent_cache.ContiguousLatentCache`` implements it for one sequence (expanded for a prompt,
-absorbed for a decode); the engine's paged context will implement the same method with
-``store_latent`` and ``paged_mla_attention`` over block tables.
+absorbed for a decode); the engine's paged context (``attention.py``'s
+``PagedAttention.attend_latent``) implements it with ``store_latent`` and the backend's
+``paged_mla_attention`` over block tables.
 
 Refused by the config (``config.py``), by name: mixture-of-experts layers (every layer must be
 dense, ``first_k_dense_replace >= num_hidden_layers``), YaRN rope scaling (its softmax mscale is

@@ -95,7 +95,9 @@ def test_groups_share_one_pool_and_count_hits_once():
 
     prompt = list(range(100, 121))  # 21 tokens: 6 blocks in each group
     first = Seq(0, prompt)
-    kv.admit(Group(first))
+    kv.admit(Group(first))  # the full group books the prompt; the windowed one, per chunk
+    assert kv.num_free_blocks == 40 - 6 and kv.num_held_blocks(first) == 6
+    kv.allocate_slots(first, 21)  # the prefill's one chunk, in the windowed group
     assert kv.num_free_blocks == 40 - 12 and kv.num_held_blocks(first) == 12
     first.num_computed_tokens = 21
     kv.mark_computed(first)  # the window left 3 blocks behind in the local group
@@ -212,3 +214,77 @@ def test_gemma_3_27b_holds_a_sixth_of_its_layers_at_long_context():
     held = s.bytes_held(T, 16)
     assert held < s.bytes_for(T) / 4  # every layer keeping every token: over 4x more
     assert held >= 10 * 2 * 16 * 128 * 2 * T  # the global layers' own K and V
+
+
+# -- what the review found ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def two_kinds(tmp_path_factory):
+    """One full layer, one windowed: a group each, of one layer."""
+    config = tiny_config("qwen3", num_hidden_layers=2,
+                         layer_types=["full_attention", "sliding_attention"],
+                         sliding_window=WINDOW, use_sliding_window=True,
+                         max_position_embeddings=512)
+    return write_random_checkpoint(tmp_path_factory.mktemp("two") / "qwen3", config, seed=0,
+                                   init_std=INIT_STD)
+
+
+def test_every_group_takes_its_hit_before_any_takes_a_fresh_block(tier, two_kinds):
+    """The second prompt shares 5 full blocks with the first. The full group's fresh blocks
+    come from the oldest free ones, which are the windowed group's cached blocks the window
+    gave back: had the full group taken its fresh blocks first, the windowed group would have
+    lost its hit and read another layer's rows. Every group now takes its hits first."""
+    loop = single_sequence_loop(two_kinds)
+    first = list(range(100, 121))
+    second = first[:20] + [7, 8, 9]
+    llm = tier.LLM(two_kinds, block_size=BLOCK, num_gpu_blocks=16, enable_prefix_caching=True)
+    for prompt, n in ((first, 3), (second, 6)):
+        out = llm.generate({"prompt_token_ids": prompt}, greedy(tier, n), use_tqdm=False)
+        assert out[0].outputs[0].token_ids == loop(tuple(prompt), n)
+    assert llm.stats()["prefix_cache_hit_blocks"] == 5
+    no_leak(llm)
+
+
+def test_an_admission_that_fits_never_fails_the_running_requests(tier, two_kinds):
+    """A 40-token prompt whose 8 cached blocks are partly free: admission once raised halfway
+    (group 0 took blocks the windowed group's check had counted) and the step failed every
+    running request. Now the running one goes on and both finish."""
+    first = list(range(100, 133))
+    engine = tier.LLM(two_kinds, block_size=BLOCK, num_gpu_blocks=24,
+                      enable_prefix_caching=True).engine
+    engine.add_request("running", list(range(50, 61)), greedy(tier, 4))
+    engine.add_request("first", first, greedy(tier, 1))
+    engine.step()
+    engine.add_request("second", first[:32] + list(range(1, 9)), greedy(tier, 1))
+    finished = set()
+    for _ in range(20):
+        finished |= {o.request_id for o in engine.step() if o.finished}
+        if not engine.has_unfinished_requests():
+            break
+    assert {"running", "second"} <= finished
+
+
+def test_windowed_groups_of_a_hybrid_pool_book_chunk_by_chunk(tier, two_kinds):
+    """10 prompt tokens and 90 more in 34 blocks: the full group needs 25 of them, the
+    windowed group at most a window and a chunk (7). Chunked, the request runs with the
+    loop's tokens; unchunked, a recompute would book all 100 tokens in both groups at once
+    (50 blocks): refused at the door."""
+    loop = single_sequence_loop(two_kinds)
+    prompt = list(range(20, 30))
+    llm = tier.LLM(two_kinds, block_size=BLOCK, num_gpu_blocks=34,
+                   enable_chunked_prefill=True, max_num_batched_tokens=16)
+    out = llm.generate({"prompt_token_ids": prompt}, greedy(tier, 90), use_tqdm=False)
+    assert out[0].outputs[0].token_ids == loop(tuple(prompt), 90)
+    no_leak(llm)
+    with pytest.raises(ValueError, match="max_tokens"):
+        tier.LLM(two_kinds, block_size=BLOCK, num_gpu_blocks=34).generate(
+            {"prompt_token_ids": prompt}, greedy(tier, 90), use_tqdm=False)
+
+
+def test_a_memory_budget_buys_blocks_at_a_hybrid_block_s_price(tier, hybrid):
+    """kv_cache_memory in bytes: a block of three one-layer groups costs one layer's rows, so
+    the budget buys three times the blocks every layer's rows would."""
+    llm = tier.LLM(hybrid, block_size=BLOCK, kv_cache_memory=2**20)
+    per_block = llm.engine.kv_cache_config.bytes_per_block
+    assert llm.stats()["blocks_total"] == 2**20 // per_block
+    assert 2**20 - per_block < llm.engine.cache_engine.nbytes() <= 2**20
+

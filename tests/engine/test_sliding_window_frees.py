@@ -339,3 +339,18 @@ def test_a_poisoned_pool_keeps_its_null_block_zero(tier, windowed, loop):
     planned = kv_size(windowed, "float32")
     assert planned.bytes_per_token * BLOCK == config.bytes_per_block
     assert planned.held_blocks(10_000, BLOCK) == BOUND
+
+
+def test_a_windowed_draft_proposes_fewer_tokens_than_its_window(tier, windowed):
+    """A draft model's proposals move its window on; rolled back past blocks it gave back,
+    it could not go on: num_speculative_tokens >= the draft's window is refused by name."""
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        tier.LLM(windowed, block_size=BLOCK, num_gpu_blocks=40,
+                 speculative_config={"model": str(windowed),
+                                     "num_speculative_tokens": WINDOW})
+    llm = tier.LLM(windowed, block_size=BLOCK, num_gpu_blocks=40,
+                   speculative_config={"model": str(windowed),
+                                       "num_speculative_tokens": WINDOW - 1})
+    out = llm.generate({"prompt_token_ids": PROMPT}, greedy(tier, 20), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 20
+    no_leak(llm)
