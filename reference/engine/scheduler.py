@@ -354,9 +354,9 @@ class Scheduler:
         return n if n > 0 and whole else 0
 
     def _add_prefill(self, out: SchedulerOutput, group: SequenceGroup, seq: Sequence) -> None:
-        """Schedule the sequence's next chunk. Where the pool books per chunk (every layer
-        slides over a window) its slots are booked now, if the pool has them; else it waits
-        a step, keeping what it holds."""
+        """Schedule the sequence's next chunk. Where the pool books per chunk (a windowed KV
+        cache group) its slots are booked now, if the pool has them; else it waits a step,
+        keeping what it holds."""
         n = self._chunk(out, seq)
         if n == 0:
             return
