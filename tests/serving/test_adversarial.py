@@ -157,8 +157,9 @@ def test_a_failing_abort_neither_kills_the_thread_nor_leaks(server, monkeypatch)
         return real(request_id)
 
     monkeypatch.setattr(engine.client, "abort_request", flaky)
-    # Long enough that the server sees the hang-up before the request could end by itself.
-    body = {**GOOD, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    # Long enough that the server sees the hang-up before the request could end by itself
+    # (200 tokens once ended first on an idle machine, and no abort ever came).
+    body = {**GOOD, "max_tokens": 1000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i == 2:
