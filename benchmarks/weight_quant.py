@@ -2,7 +2,9 @@
 
 For each model and each scheme (the checkpoint's weights in float32 and in bfloat16, int8 per
 output channel, fp8 (e4m3) per output channel, int4 per group of 32 / 64 / 128 inputs where the
-group divides every layer, and for a GGUF model its file's own 4-bit blocks, ``gguf``):
+group divides every layer, and for a GGUF model its file's own 4-bit blocks, ``gguf``; fp8 and
+int8 again with their codes chosen by GPTQ, ``pagedllm quantize``'s checkpoint, calibrated on
+text the model writes itself, never on the held text):
 
 - **perplexity** on ``benchmarks/data/held_text.txt``, the held-out text of the KV-quantization
   benchmark (``kv_quant.py``, whose windowed prefill this reuses), every next token scored;
@@ -21,6 +23,7 @@ the tiers together), so this runs the reference tier.
 """
 
 import argparse
+import shutil
 from pathlib import Path
 
 import torch
@@ -37,30 +40,47 @@ from pagedllm.benchmarks.kv_quant import (
 from pagedllm.benchmarks.progress import progress
 from pagedllm.reference.engine import EngineArgs, LLMEngine
 from pagedllm.reference.engine.chat import chat_prompt
+from pagedllm.reference.engine.quantize import quantize_checkpoint
 from pagedllm.reference.model import load_config, resolve_model
 from pagedllm.reference.model.loader import load_tokenizer
 
-# (label, dtype, quantization, group size)
+# (label, dtype, quantization, int4's group size or "gptq": a `pagedllm quantize` folder)
 SCHEMES = [("float32", "float32", None, None), ("bfloat16", "bfloat16", None, None),
            ("int8", "bfloat16", "int8", None), ("fp8", "bfloat16", "fp8", None),
            ("int4 g32", "bfloat16", "int4", 32),
            ("int4 g64", "bfloat16", "int4", 64), ("int4 g128", "bfloat16", "int4", 128),
-           ("gguf", "bfloat16", "gguf", None)]
+           ("gguf", "bfloat16", "gguf", None),
+           ("fp8 GPTQ", "bfloat16", "fp8", "gptq"), ("int8 GPTQ", "bfloat16", "int8", "gptq")]
 BASELINE = "bfloat16"  # the unquantized model in a quantized model's dtype
 # issues 22 and 41, %
-GOALS = {"int8": 1.0, "fp8": 1.0, "int4 g32": 6.0, "int4 g64": 6.0, "int4 g128": 6.0}
+GOALS = {"int8": 1.0, "fp8": 1.0, "int4 g32": 6.0, "int4 g64": 6.0, "int4 g128": 6.0,
+         "fp8 GPTQ": 1.0, "int8 GPTQ": 1.0}
+GPTQ_CACHE = Path.home() / ".cache" / "pagedllm" / "gptq"
+
+
+def gptq_folder(name: str, model_dir: Path, scheme: str, samples: int, tokens: int) -> Path:
+    """`pagedllm quantize`'s checkpoint of model_dir, written once and kept (a folder per
+    model, scheme and calibration size)."""
+    out = GPTQ_CACHE / f"{name}-{scheme}-s{samples}-t{tokens}"
+    if not (out / "config.json").is_file():
+        shutil.rmtree(out, ignore_errors=True)  # a run killed half-way
+        report = quantize_checkpoint(model_dir, out, scheme, samples, tokens)
+        print(f"{out}: output error {report['gptq_error'] / report['rtn_error']:.2f}x "
+              "round to nearest's", flush=True)
+    return out
 
 
 def engine_for(model_dir: Path, dtype: str, quantization, group_size, window: int):
     args = EngineArgs(model_dir, dtype=dtype, quantization=quantization,
-                      quantization_group_size=group_size or 32,
+                      quantization_group_size=group_size if isinstance(group_size, int) else 32,
                       num_gpu_blocks=-(-window // 16) + 1,
                       max_model_len=min(window, load_config(model_dir).max_position_embeddings))
     return LLMEngine.from_engine_args(args)
 
 
 def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
-                  max_tokens: int, prompts: list[str]) -> dict:
+                  max_tokens: int, prompts: list[str], calibration=(32, 256),
+                  only=None) -> dict:
     tokenizer = load_tokenizer(model_dir)
     ids = tokenizer.encode(HELD_TEXT.read_text())[:max_text_tokens]
     chats = [chat_prompt(tokenizer, [{"role": "user", "content": p}])["prompt_token_ids"]
@@ -69,9 +89,14 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
     rows, skipped, base = {}, {}, None
     schemes = progress(SCHEMES, f"{name}: schemes", unit="scheme")
     for label, dtype, scheme, group in schemes:
+        if only and label not in only and label != BASELINE:
+            continue
         schemes.set_postfix_str(label)
+        folder = model_dir
+        if group == "gptq":
+            folder = gptq_folder(name, model_dir, scheme, *calibration)
         try:
-            engine = engine_for(model_dir, dtype, scheme, group, window)
+            engine = engine_for(folder, dtype, scheme, group, window)
         except ValueError as err:  # a group that does not divide a layer; gguf on a folder
             skipped[label] = str(err)
             continue
@@ -97,7 +122,8 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
         row["ppl_change_pct"] = 100 * (row["perplexity"] / rows[BASELINE]["perplexity"] - 1)
         row["bytes_vs_baseline"] = row["weight_bytes"] / rows[BASELINE]["weight_bytes"]
     return {"model": name, "text_tokens": len(ids), "window": window, "schemes": rows,
-            "skipped": skipped, "goals_pct": GOALS}
+            "skipped": skipped, "goals_pct": GOALS,
+            "gptq_calibration": {"samples": calibration[0], "tokens": calibration[1]}}
 
 
 def print_table(result: dict) -> None:
@@ -125,18 +151,25 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--window", type=int, default=512, help="tokens per scored window")
     p.add_argument("--max-text-tokens", type=int, default=4096)
     p.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per chat prompt")
+    p.add_argument("--schemes", help="comma-separated labels to run (default: all; the bf16 "
+                   "baseline always runs), e.g. 'fp8,fp8 GPTQ'")
+    p.add_argument("--calibration-samples", type=int, default=32, help="GPTQ rows")
+    p.add_argument("--calibration-tokens", type=int, default=256, help="GPTQ rows")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.quick:
         args.window, args.max_text_tokens, args.max_tokens = 128, 384, 12
+        args.calibration_samples, args.calibration_tokens = 4, 32
     prompts = CHAT_PROMPTS[:3] if args.quick else CHAT_PROMPTS
     results = []
     for name in args.model or ["tiny-pydoc"]:
         model_dir = TINY if name == "tiny-pydoc" else Path(resolve_model(name))
         print(f"{name}:", flush=True)
-        results.append(measure_model(name, model_dir, args.window, args.max_text_tokens,
-                                     args.max_tokens, prompts))
+        results.append(measure_model(
+            name, model_dir, args.window, args.max_text_tokens, args.max_tokens, prompts,
+            (args.calibration_samples, args.calibration_tokens),
+            args.schemes.split(",") if args.schemes else None))
     for result in results:
         print_table(result)
     out = {"held_text": str(HELD_TEXT.name), "results": results}

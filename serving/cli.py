@@ -25,7 +25,7 @@ from pagedllm.reference.engine.llm import LLM
 from pagedllm.reference.engine.sampling_params import SamplingParams
 from pagedllm.reference.model import load_model
 
-from . import env_cmd
+from . import env_cmd, quantize_cmd
 from .args import DTYPE_HELP, add_kv_cache_arguments, add_serve_arguments
 from .default_model import default_model_dir
 
@@ -275,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     kv = sub.add_parser("kv-size", help="KV-cache bytes per token for a model or preset")
     kv_size_cmd.add_arguments(kv)
     kv.set_defaults(func=kv_size_cmd.run)
+
+    quant = sub.add_parser("quantize", help="write a checkpoint quantized by GPTQ (fp8, int8)")
+    quantize_cmd.add_arguments(quant)
+    quant.set_defaults(func=quantize_cmd.run)
 
     env = sub.add_parser("env", help="this machine: CPU, kernel paths, what computes each op")
     env_cmd.add_arguments(env)

@@ -207,6 +207,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     # A name or a GGUF -> a folder (converted in dtype_name; a folder's own dtype is kept).
     model_dir = resolve_model(args.model, None if dtype_name == "auto" else dtype_name)
     cfg = load_config(model_dir)  # says what is wrong with a missing, empty or bad folder
+    quantization = _saved_quantization(args, cfg)
+    if cfg.quantization and args.quantization is None and _dtype_name(args.dtype) == "auto":
+        dtype_name = auto_quantized_dtype(device)  # a quantized checkpoint's activations
     if cfg.is_mla and args.tensor_parallel_size > 1:
         raise FieldValueError("tensor_parallel_size", f"{args.model} uses multi-head latent "
                               "attention, whose one latent row a token is shared by every "
@@ -284,7 +287,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                                 if args.gpu_memory_utilization is None
                                 else args.gpu_memory_utilization),
         kv_cache_dtype=kv_format.name, calculate_kv_scales=args.calculate_kv_scales,
-        quantization=args.quantization, quantization_group_size=args.quantization_group_size,
+        quantization=quantization, quantization_group_size=args.quantization_group_size,
         quantization_skip=quant_skip, tensor_parallel_size=args.tensor_parallel_size,
         max_logprobs=args.max_logprobs, speculative_config=spec)
 # --8<-- [end:create_engine_config]
@@ -501,6 +504,27 @@ def _check_quantization(args: EngineArgs) -> tuple[str, ...]:
                               "part: an entry is a layer's module name or a run of its "
                               "dot-separated parts, e.g. 'down_proj' or 'mlp.down_proj'")
     return skip
+
+
+def _saved_quantization(args: EngineArgs, cfg: ModelConfig) -> str | None:
+    """The scheme the engine runs: quantization=, or the one a quantized checkpoint (a
+    `pagedllm quantize` folder) saves its layers in. Naming another scheme for such a folder
+    is refused: its layers hold codes, not the float weights another scheme would round."""
+    if cfg.quantization is None:
+        return args.quantization
+    if args.quantization not in (None, cfg.quantization):
+        raise FieldValueError("quantization", f"quantization {args.quantization!r}: "
+                              f"{args.model} is saved quantized ({cfg.quantization!r}, by "
+                              "`pagedllm quantize`), and another scheme would round its codes "
+                              f"again: leave quantization unset (or {cfg.quantization!r}), or "
+                              "quantize the float checkpoint it came from")
+    if args.tensor_parallel_size > 1:
+        raise FieldValueError("tensor_parallel_size", f"tensor_parallel_size "
+                              f"{args.tensor_parallel_size}: {args.model} is saved quantized, "
+                              "and splitting its saved codes across ranks is not built: use "
+                              "tensor_parallel_size=1, or quantize the float checkpoint at "
+                              f"load (quantization={cfg.quantization!r}), which does split")
+    return cfg.quantization
 
 
 def _check_skip_names(skip: tuple[str, ...], cfg: ModelConfig) -> None:

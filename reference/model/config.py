@@ -6,12 +6,13 @@ Face; this module folds the families' different spellings into one flat ``ModelC
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig
 
+from .quantized_checkpoint import saved_scheme
 from .registry import resolve_model
 from .rope import SUPPORTED_ROPE_TYPES
 
@@ -58,6 +59,8 @@ class ModelConfig:
     # OPT
     word_embed_proj_dim: int = 0
     do_layer_norm_before: bool = True  # pre-LN (every OPT but 350m)
+    # the scheme a `pagedllm quantize` folder saves its linear layers in; None: float weights
+    quantization: str | None = None
     final_layer_norm: bool = True
     enable_bias: bool = True
     layer_norm_elementwise_affine: bool = True
@@ -172,7 +175,8 @@ def load_config(model_dir: str | Path) -> ModelConfig:
                          f"{type(err).__name__}: {err}") from err
     cfg = from_hf_config(hf, source=config_file)
     check_model_config(cfg, config_file)
-    return cfg
+    saved = saved_scheme(getattr(hf, "quantization_config", None), config_file)
+    return replace(cfg, quantization=saved) if saved else cfg
 
 
 def from_hf_config(hf, source: str | Path = "config.json") -> ModelConfig:

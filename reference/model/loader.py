@@ -6,16 +6,19 @@ device (no memory, no random init) and assigning the saved tensors to it.
 """
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..ops.weight_quant import QuantizedWeight
 from .config import ModelConfig, load_config
 from .deepseek_v2 import DeepseekV2ForCausalLM
 from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
 from .opt import OPTForCausalLM
+from .quantized_checkpoint import split_saved
 from .registry import FLOAT_DTYPES, resolve_model
 from .weights import load_state_dict_and_sources
 
@@ -114,15 +117,29 @@ def parse_device(device: str | torch.device) -> torch.device:
 def load_model(model_dir: str | Path, dtype: torch.dtype | str | None = None,
                device: str | torch.device = "cpu") -> nn.Module:
     """The reference model for a checkpoint folder (or a model name, or a GGUF file: see
-    registry.py); weights cast to dtype (default: as saved)."""
+    registry.py); weights cast to dtype (default: as saved). A quantized checkpoint's layers
+    come back dequantized (``load_model_and_saved`` also gives their saved codes)."""
+    return load_model_and_saved(model_dir, dtype, device)[0]
+
+
+def load_model_and_saved(model_dir: str | Path, dtype: torch.dtype | str | None = None,
+                         device: str | torch.device = "cpu"
+                         ) -> tuple[nn.Module, dict[str, QuantizedWeight]]:
+    """load_model's model, and {layer name: QuantizedWeight} the layers a quantized
+    checkpoint (``pagedllm quantize``'s) saves quantized; {} for a float checkpoint."""
     dtype = parse_dtype(dtype)  # before any file is read: a typo should fail at once
     device = parse_device(device)
     model_dir = resolve_model(model_dir, dtype)
     cfg = load_config(model_dir)
     dtype = dtype or cfg.dtype
     state, sources = load_state_dict_and_sources(model_dir)
+    saved = {}
+    if cfg.quantization is not None:  # before the cast: the codes are not floats
+        state, saved = split_saved(state, cfg.quantization, dtype)
+        saved = {name: replace(qw, qweight=qw.qweight.to(device), scales=qw.scales.to(device))
+                 for name, qw in saved.items()}
     state = {k: t.to(device=device, dtype=dtype) for k, t in state.items()}
-    return build_model(cfg, state, sources)
+    return build_model(cfg, state, sources), saved
 
 
 def load_tokenizer(model_dir: str | Path):

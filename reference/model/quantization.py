@@ -109,7 +109,8 @@ def check_skip(skip, model: nn.Module) -> None:
 
 def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
                    skip: tuple[str, ...] = (), gguf_file: Path | None = None,
-                   row_absmax: dict[str, torch.Tensor] | None = None) -> nn.Module:
+                   row_absmax: dict[str, torch.Tensor] | None = None,
+                   saved: dict[str, QuantizedWeight] | None = None) -> nn.Module:
     """Replace the model's linear layers by quantized ones, in place. Every layer is checked
     before any is replaced: a group size that does not divide one layer's input size names that
     layer, and the model is left as it was. "gguf" takes the layers the file stores in 4-bit
@@ -120,7 +121,9 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
     skipped layer is not looked up in the file and keeps the float weight the file was
     converted to); an entry that matches no linear layer is a ValueError (``check_skip``).
     row_absmax: {layer name: [out]} the whole rows' max |w| for layers that hold a slice of
-    their inputs (tensor parallelism's row-parallel shards): int8 and fp8 scale them by it."""
+    their inputs (tensor parallelism's row-parallel shards): int8 and fp8 scale them by it.
+    saved: {layer name: QuantizedWeight} a quantized checkpoint's own codes (GPTQ's, from
+    ``pagedllm quantize``), put in place as they are instead of rounding the weight again."""
     # --8<-- [start:select_layers]
     check_quantization(scheme, group_size)
     check_skip(skip, model)
@@ -145,8 +148,9 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = 32,
                              f"it, or leave the layer out with quantization_skip")
     # --8<-- [start:replace_layers]
     for name, linear in names.items():
-        absmax = (row_absmax or {}).get(name)
-        q = quantize_int8(linear.weight, absmax) if scheme == "int8" else \
+        absmax, q = (row_absmax or {}).get(name), (saved or {}).get(name)
+        q = q if q is not None else \
+            quantize_int8(linear.weight, absmax) if scheme == "int8" else \
             quantize_fp8(linear.weight, absmax) if scheme == "fp8" else \
             quantize_int4(linear.weight, group_size)
         _replace(model, name, QuantizedLinear(q, linear.bias))

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .gguf import converted_from
-from .loader import load_model
+from .loader import load_model_and_saved
 from .quantization import quantize_model
 from .tensor_parallel import load_model_shard, row_parallel_absmax
 
@@ -24,9 +24,9 @@ def rank_device(config, rank: int) -> torch.device:
 def load_rank_model(config, rank: int = 0) -> nn.Module:
     """The model rank `rank` runs: the whole checkpoint, or its shard when the engine is
     tensor-parallel (its slices read, nothing else); quantized as the config says."""
-    tp = config.tensor_parallel_size
-    if tp == 1:
-        model = load_model(config.model_dir, dtype=config.dtype, device=config.device)
+    tp, saved = config.tensor_parallel_size, {}
+    if tp == 1:  # a quantized checkpoint's saved codes are put in place as they are
+        model, saved = load_model_and_saved(config.model_dir, config.dtype, config.device)
     else:
         model = load_model_shard(config.model_dir, rank, tp, config.dtype,
                                  rank_device(config, rank))
@@ -36,5 +36,5 @@ def load_rank_model(config, rank: int = 0) -> nn.Module:
             if tp > 1 and config.quantization in ("int8", "fp8") else None
         model = quantize_model(model, config.quantization, config.quantization_group_size,
                                config.quantization_skip, converted_from(config.model_dir),
-                               row_absmax)
+                               row_absmax, saved)
     return model
