@@ -65,6 +65,12 @@ def split_saved(state: dict[str, torch.Tensor], scheme: str, dtype: torch.dtype
         qw = QuantizedWeight(scheme, codes, scales.to(dtype), None, tuple(codes.shape))
         saved[name] = qw
         state[name + ".weight"] = dequantize_weight(qw, dtype)  # [out, in]
+    orphans = [k for k, t in state.items() if t.dtype == SAVED_SCHEMES[scheme]]
+    if orphans:  # codes read as floats would be garbage weights, not an error
+        raise ValueError(f"{orphans[0]} holds {scheme} codes but the checkpoint has no "
+                         f"{orphans[0].removesuffix('.weight')}{SCALE} for them "
+                         f"({len(orphans)} such tensors); the folder is incomplete: write it "
+                         "again with `pagedllm quantize`")
     return state, saved
 
 
@@ -72,8 +78,12 @@ def save_quantized(source_dir: Path, out_dir: Path, state: dict[str, torch.Tenso
                    quantized: dict[str, QuantizedWeight], record: dict) -> None:
     """Write out_dir: source_dir's files but its weights; state's tensors (the float ones),
     each quantized layer's codes and scales in place of its weight; config.json with the
-    quantization_config (record: how the codes were chosen)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    quantization_config (record: how the codes were chosen). The files go to a folder beside
+    it first, renamed to out_dir once all are written: a run killed half-way never leaves a
+    folder that looks like a checkpoint."""
+    final, out_dir = out_dir, out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run killed half-way
+    out_dir.mkdir(parents=True)
     weights = {Path(f).name for f in weight_files(source_dir)} | {
         "model.safetensors.index.json"}
     for file in source_dir.iterdir():
@@ -89,3 +99,6 @@ def save_quantized(source_dir: Path, out_dir: Path, state: dict[str, torch.Tenso
                                      "scheme": next(iter(quantized.values())).scheme,
                                      **record}
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if final.exists():
+        final.rmdir()  # empty: the caller refuses a folder with files in it
+    out_dir.rename(final)

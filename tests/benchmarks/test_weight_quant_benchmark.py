@@ -33,3 +33,6 @@ def test_fewer_bits_fewer_bytes(report):
     assert rows["float32"]["weight_bytes"] == 2 * rows["bfloat16"]["weight_bytes"]
     assert rows["int4 g64"]["weight_bytes"] < rows["int4 g32"]["weight_bytes"] \
         < rows["int8"]["weight_bytes"] < rows["bfloat16"]["weight_bytes"]
+    # GPTQ moves codes on the same grid: its checkpoints hold their scheme's bytes exactly
+    assert rows["fp8 GPTQ"]["weight_bytes"] == rows["fp8"]["weight_bytes"]
+    assert rows["int8 GPTQ"]["weight_bytes"] == rows["int8"]["weight_bytes"]

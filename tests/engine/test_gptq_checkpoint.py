@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from pagedllm import optimized, reference
 from pagedllm.reference import SamplingParams
@@ -181,6 +182,19 @@ def test_a_quantization_config_it_cannot_read_is_refused_by_its_method(saved, tm
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="quant_method 'gptq' is not read here"):
         reference.LLM(other)
+
+
+def test_codes_without_their_scales_are_refused_not_read_as_floats(saved, tmp_path):
+    out, _ = saved
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    with safe_open(broken / "model.safetensors", "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()
+                   if k != "model.layers.0.mlp.up_proj.weight_scale"}
+    save_file(tensors, broken / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.up_proj.weight holds fp8 codes "
+                                         r"but the checkpoint has no .*weight_scale"):
+        reference.LLM(broken)
 
 
 def test_quantize_refuses_a_full_folder_and_bad_options(saved, tmp_path):
