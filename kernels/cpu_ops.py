@@ -62,10 +62,10 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = os.path.join(os.path.dirname(__file__), "cpu")
 SOURCES = sorted(os.path.join(SOURCE_DIR, name) for name in os.listdir(SOURCE_DIR)
                  if name.endswith(".cpp"))
-ISAS = ("avx512", "avx2", "scalar")  # the kernels' paths, best first (cpu/cpu.h)
+ISAS = ("amx", "avx512", "avx2", "scalar")  # the kernels' paths, best first (cpu/cpu.h)
 # The path the kernels are capped at (none by default): PAGEDLLM_CPU_ISA for a whole process
 # (to measure another CPU's path), use_isa() inside a block (tests).
-_cap = "avx512"
+_cap = "amx"
 
 
 @functools.cache

@@ -154,7 +154,13 @@ def _cpu_linear(dtype: torch.dtype, isa: str | None) -> str:
         why = cpu_ops.cpu_kernels_status() if isa is None else f"a {dtype} model"
         return (f"F.linear for float weights; int8/int4/GGUF: torch's weight-only kernels or "
                 f"the twin ({why}); fp8: the twin (torch has no weight-only e4m3 kernel)")
-    dense = "bf16 weights too" if dtype == torch.bfloat16 else "float weights: BLAS (F.linear)"
+    if dtype != torch.bfloat16:
+        dense = "float weights: BLAS (F.linear)"
+    elif isa == "amx":  # kernels/cpu/quant_linear.cpp: bf16_amx
+        dense = ("bf16 weights too, on AMX tiles from 4 rows (inputs a multiple of 32; "
+                 "else oneDNN from 128 rows)")
+    else:
+        dense = "bf16 weights too (oneDNN from 128 rows)"
     return (f"int8, int4, fp8 and GGUF blocks: C++ kernels, {isa} path "
             f"(kernels/cpu/quant_linear.cpp); {dense}; packed once after loading "
             f"(optimized/quant_layers.py)")

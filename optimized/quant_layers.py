@@ -169,28 +169,35 @@ class PackedFp8Linear(nn.Module):
         return _finish(out, x, self.bias)
 
 
-# Rows from which a bf16 product goes to oneDNN (F.linear) instead of our kernel. Our kernel
-# reads the weight once for every 16 outputs and is made for a decode step's few rows; oneDNN
-# tiles many rows (AMX or AVX-512 BF16 on the CPUs that have them): on an Intel Xeon (Sapphire
-# Rapids class, one thread, SmolLM2's 1536 x 576 product) ours takes 2.3 ms for 128 rows and
-# 9.0 ms for 512, oneDNN 1.2 and 1.7 ms with the weight put back in nn.Linear's layout for the
-# call (0.8 ms of it), and 0.5 and 0.9 ms without; at 64 rows the two are even.
+# Rows from which a bf16 product goes to oneDNN (F.linear) instead of our kernel, where our
+# kernel has no AMX path. Its AVX-512 tile reads the weight once for every 16 outputs and is
+# made for a decode step's few rows; oneDNN tiles many rows (AMX or AVX-512 BF16 on the CPUs
+# that have them): on an Intel Xeon (Sapphire Rapids class, one thread, SmolLM2's 1536 x 576
+# product) our AVX-512 tile takes 2.3 ms for 128 rows and 9.0 ms for 512, oneDNN 1.2 and
+# 1.7 ms with the weight put back in nn.Linear's layout for the call (0.8 ms of it), and 0.5
+# and 0.9 ms without; at 64 rows the two are even. On AMX our kernel (kernels/cpu/
+# quant_linear.cpp: bf16_amx) keeps every row: as fast as oneDNN from 128 rows, 2.5 to 3
+# times faster from 4 to 64, and no weight unpacked.
 ONEDNN_ROWS = 128
 
 
 class PackedBF16Linear(nn.Module):
-    """A bf16 nn.Linear on our kernel, its weight reshuffled into the kernel's pairs; a
-    prompt's many rows go to oneDNN, the weight unpacked for the call (one copy in memory:
-    the packed one)."""
+    """A bf16 nn.Linear on our kernel, its weight reshuffled into the kernel's pairs (AMX's
+    tile layout too); without AMX a prompt's many rows go to oneDNN, the weight unpacked for
+    the call (one copy in memory: the packed one)."""
 
     def __init__(self, layer: nn.Linear, kernels):
         super().__init__()
         self.register_buffer("packed", pack_bf16(layer.weight.detach()))  # [out/16, in/2, 16, 2]
         self.bias, self.kernels = layer.bias, kernels
+        # oneDNN takes a prompt's rows unless our kernel runs them on AMX tiles (the path the
+        # kernels take when the layer is built)
+        amx = kernels.bf16_amx_rows(layer.in_features) > 0
+        self.onednn_rows = None if amx else ONEDNN_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x)  # [T, in]
-        if rows.shape[0] >= ONEDNN_ROWS:
+        if self.onednn_rows is not None and rows.shape[0] >= self.onednn_rows:
             blocks, pairs = self.packed.shape[:2]
             weight = self.packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)
             return F.linear(x, weight, self.bias)  # [..., out]

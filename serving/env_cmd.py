@@ -54,7 +54,7 @@ def run(args) -> int:
     print(f"CPU: {cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch "
           f"threads; torch {torch.__version__}")
     print(f"SIMD: {' '.join(cpu_flags()) or 'unknown'} (the kernels use AVX-512 BF16/VNNI or "
-          f"AVX2+FMA; AMX is not used)")
+          f"AVX2+FMA; AMX tiles for bf16 products, where Linux grants them)")
     print(f"CPU kernels: {cpu_ops.cpu_kernels_status()}")
     print(f"bf16 computed natively on this CPU: {cpu_ops.native_bf16()} — dtype='auto' with a "
           f"quantized model computes in {auto_quantized_dtype(torch.device('cpu'))}")

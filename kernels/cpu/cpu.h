@@ -20,9 +20,14 @@
 
 namespace pagedllm_cpu {
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+// Each level includes the ones below it: a kernel with an AVX-512 path takes it from
+// `path >= Isa::avx512`. amx adds Intel's AMX tiles (Sapphire Rapids on), which only the bf16
+// product of a few rows or more uses (quant_linear.cpp: bf16_amx).
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, amx = 3 };
 
-Isa machine_isa();  // avx512: AVX-512 F/BW/VL, BF16 and VNNI; avx2: AVX2, FMA and F16C
+// amx: avx512 plus AMX-TILE and AMX-BF16, where Linux also grants the tiles' state;
+// avx512: AVX-512 F/BW/VL, BF16 and VNNI; avx2: AVX2, FMA and F16C
+Isa machine_isa();
 Isa isa();          // the path the kernels take now: machine_isa(), or less if capped
 void set_isa(Isa cap);
 const char* isa_name(Isa isa);
@@ -57,6 +62,9 @@ using namespace at;  // NOLINT
 #define AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,fma")))
 #define AVX2FMA __attribute__((target("avx2,fma,f16c")))
+#define AMXBF16                                                                          \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni," \
+                        "fma")))
 
 AVX512BF16 static inline __m512 widen(__m256i bits) {  // 16 bf16 -> 16 float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));

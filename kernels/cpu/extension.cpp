@@ -9,11 +9,31 @@
 #include <atomic>
 #include <string>
 
+#ifdef PAGEDLLM_X86
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace pagedllm_cpu {
 
 namespace {
-std::atomic<int> cap{(int)Isa::avx512};
+std::atomic<int> cap{(int)Isa::amx};
+
+#ifdef PAGEDLLM_X86
+// AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22), and Linux's leave to use them:
+// a process must ask for the tiles' 8 KiB of state (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA) before its first tile instruction, or that instruction faults.
+// oneDNN asks the same way; asking twice is harmless.
+bool amx_granted() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!((d >> 24) & 1) || !((d >> 22) & 1)) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
 }
+#endif
+}  // namespace
 
 Isa machine_isa() {
 #ifdef PAGEDLLM_X86
@@ -22,7 +42,7 @@ Isa machine_isa() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
         __builtin_cpu_supports("avx512vnni"))
-      return Isa::avx512;
+      return amx_granted() ? Isa::amx : Isa::avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
       return Isa::avx2;
@@ -40,6 +60,7 @@ void set_isa(Isa level) { cap.store((int)level, std::memory_order_relaxed); }
 
 const char* isa_name(Isa level) {
   switch (level) {
+    case Isa::amx: return "amx";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
     default: return "scalar";
@@ -52,9 +73,9 @@ namespace {
 
 pagedllm_cpu::Isa parse_isa(const std::string& name) {
   for (auto level : {pagedllm_cpu::Isa::scalar, pagedllm_cpu::Isa::avx2,
-                     pagedllm_cpu::Isa::avx512})
+                     pagedllm_cpu::Isa::avx512, pagedllm_cpu::Isa::amx})
     if (name == pagedllm_cpu::isa_name(level)) return level;
-  TORCH_CHECK(false, "isa must be 'avx512', 'avx2' or 'scalar', got '", name, "'");
+  TORCH_CHECK(false, "isa must be 'amx', 'avx512', 'avx2' or 'scalar', got '", name, "'");
 }
 
 }  // namespace

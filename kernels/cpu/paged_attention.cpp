@@ -332,7 +332,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     using T = std::remove_pointer_t<decltype(type)>;
     auto group_kernel = decode_group_scalar<T>;
 #ifdef PAGEDLLM_X86
-    if (path == Isa::avx512) group_kernel = decode_group_avx512<T>;
+    if (path >= Isa::avx512) group_kernel = decode_group_avx512<T>;
     else if (path == Isa::avx2) group_kernel = decode_group_avx2<T>;
 #endif
     const T* qp = (const T*)q.data_ptr();

@@ -118,6 +118,87 @@ AVX512BF16 void bf16_tile(const uint16_t* x, int64_t K, const uint16_t* w, uint1
     _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(acc[m]));
 }
 
+// --8<-- [start:bf16_amx]
+// The bf16 product on AMX: eight 1 KiB tile registers and one instruction, tdpbf16ps, that
+// multiplies a tile of 16 rows x 32 inputs by a tile of 32 inputs x 16 outputs and adds the
+// 16 x 16 float32 sums to a third tile. Its second tile wants the inputs in pairs, 16 rows of
+// 64 bytes: pair p holds output n's inputs 2p and 2p + 1 side by side. That is pack_bf16's
+// layout already ([N/16, K/2, 16, 2]), so a block's next 32 inputs are 1 KiB in one piece.
+// Four blocks (64 outputs) at a time: C tiles 0-3, the rows' 32 inputs in tile 4, the four
+// blocks' weights through tiles 5 and 6. MC <= 16 rows; K % 32 == 0.
+constexpr int64_t kAmxRows = 4;  // fewer rows: the AVX-512 tile reads the weight as fast
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes a row, per tile
+  uint8_t rows[16] = {};
+};
+
+AMXBF16 static void amx_configure(int64_t mc) {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = t < 5 ? (uint8_t)mc : 16;  // sums and rows: mc; weights: 16 pairs
+  }
+  _tile_loadconfig(&cfg);
+}
+
+template <int NBLK>
+AMXBF16 static void bf16_amx(const uint16_t* x, int64_t mc, int64_t K, const uint16_t* w,
+                             uint16_t* out, int64_t N) {
+  const int64_t block = K * 16;  // one block's weights: K/2 pairs x 16 outputs x 2
+  _tile_zero(0);
+  if constexpr (NBLK > 1) _tile_zero(1);
+  if constexpr (NBLK > 2) _tile_zero(2);
+  if constexpr (NBLK > 3) _tile_zero(3);
+  for (int64_t k = 0; k < K; k += 32) {
+    _tile_loadd(4, x + k, K * 2);  // [mc, 32] of the rows
+    _tile_loadd(5, w + k * 16, 64);  // block 0's pairs k/2 .. k/2 + 15
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (NBLK > 1) { _tile_loadd(6, w + block + k * 16, 64); _tile_dpbf16ps(1, 4, 6); }
+    if constexpr (NBLK > 2) { _tile_loadd(5, w + 2 * block + k * 16, 64); _tile_dpbf16ps(2, 4, 5); }
+    if constexpr (NBLK > 3) { _tile_loadd(6, w + 3 * block + k * 16, 64); _tile_dpbf16ps(3, 4, 6); }
+  }
+  alignas(64) float sums[16 * 64];  // [mc, 64] float32, rounded once to bf16 below
+  _tile_stored(0, sums, 256);
+  if constexpr (NBLK > 1) _tile_stored(1, sums + 16, 256);
+  if constexpr (NBLK > 2) _tile_stored(2, sums + 32, 256);
+  if constexpr (NBLK > 3) _tile_stored(3, sums + 48, 256);
+  for (int64_t m = 0; m < mc; ++m)
+    for (int j = 0; j < NBLK; ++j)
+      _mm256_storeu_si256((__m256i*)(out + m * N + j * 16),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sums + m * 64 + j * 16)));
+}
+
+// Blocks 4 g0 .. 4 g1 - 1 of x [M, K] bf16 by the packed weight of NB blocks -> out [M, N]
+// bf16, on AMX: one thread's share (it loads its own tile configuration and releases it).
+AMXBF16 static void bf16_matmul_amx(const uint16_t* x, int64_t M, int64_t K,
+                                    const uint16_t* w, int64_t NB, uint16_t* out,
+                                    int64_t g0, int64_t g1) {
+  const int64_t N = NB * 16;
+  int64_t configured = 0;
+  // Rows inside blocks: a group's 4 blocks of weights (K x 128 bytes) stay in the cache while
+  // every 16 rows pass over them, so a prompt reads the weight from memory once.
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      const int64_t mc = std::min<int64_t>(16, M - m0);
+      if (mc != configured) amx_configure(configured = mc);
+      const int64_t nb = 4 * g;
+      const uint16_t* xm = x + m0 * K;
+      const uint16_t* wg = w + nb * K * 16;
+      uint16_t* o = out + m0 * N + nb * 16;
+      switch (std::min<int64_t>(4, NB - nb)) {
+        case 1: bf16_amx<1>(xm, mc, K, wg, o, N); break;
+        case 2: bf16_amx<2>(xm, mc, K, wg, o, N); break;
+        case 3: bf16_amx<3>(xm, mc, K, wg, o, N); break;
+        default: bf16_amx<4>(xm, mc, K, wg, o, N);
+      }
+    }
+  }
+  _tile_release();
+}
+// --8<-- [end:bf16_amx]
+
 // --8<-- [start:int8_tile]
 // MB rows x 16 outputs of the int8 product (W8A16) on VNNI. vpdpbusd multiplies 4
 // unsigned bytes by 4 signed bytes per 32-bit lane and adds the 4 products to an int32.
@@ -662,7 +743,7 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed,
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const bool bf16_scales = scales.scalar_type() == at::kBFloat16;
 #ifdef PAGEDLLM_X86
-  if (isa() == Isa::avx512 && x.scalar_type() == at::kBFloat16 && bf16_scales) {
+  if (isa() >= Isa::avx512 && x.scalar_type() == at::kBFloat16 && bf16_scales) {
     const int64_t M = x.size(0);
     auto out = at::empty({M, N}, x.options());
     const uint16_t* xp = (const uint16_t*)x.data_ptr();
@@ -694,7 +775,7 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed,
       const uint8_t* w = wp + nb * K * 8;
       const S *s = sp + nb * G * 16, *z = zp + nb * G * 16;
 #ifdef PAGEDLLM_X86
-      if (path == Isa::avx512)
+      if (path >= Isa::avx512)
         return int4_f32_tile_avx512<R>(xm, K, w, s, z, G, group_size, o, N);
       if (path == Isa::avx2) return int4_f32_tile_avx2<R>(xm, K, w, s, z, G, group_size, o, N);
 #endif
@@ -724,7 +805,7 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& packed,
   const float* sp = scales.data_ptr<float>();
   [[maybe_unused]] const Isa path = isa();
 #ifdef PAGEDLLM_X86
-  if (path == Isa::avx512 && x.scalar_type() == at::kBFloat16) {
+  if (path >= Isa::avx512 && x.scalar_type() == at::kBFloat16) {
     const int64_t M = x.size(0);
     auto out = at::empty({M, N}, x.options());
     uint16_t* op = (uint16_t*)out.data_ptr();
@@ -758,11 +839,21 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& packed,
   return float_product(x, NB, [&]<int R>(const float* xm, float* o, int64_t nb) {
     const int8_t* w = wp + nb * K * 16;
 #ifdef PAGEDLLM_X86
-    if (path == Isa::avx512) return int8_f32_tile_avx512<R>(xm, K, w, sp + nb * 16, o, N);
+    if (path >= Isa::avx512) return int8_f32_tile_avx512<R>(xm, K, w, sp + nb * 16, o, N);
     if (path == Isa::avx2) return int8_f32_tile_avx2<R>(xm, K, w, sp + nb * 16, o, N);
 #endif
     int8_f32_tile_scalar<R>(xm, K, w, sp + nb * 16, o, N);
   });
+}
+
+// From how many rows bf16_matmul multiplies a bf16 x of K inputs on AMX tiles on the path
+// taken now (a prompt's many rows then stay on our kernel: optimized/quant_layers.py); 0
+// where it never does.
+int64_t bf16_amx_rows(int64_t K) {
+#ifdef PAGEDLLM_X86
+  if (isa() == Isa::amx && K % 32 == 0) return kAmxRows;
+#endif
+  return 0;
 }
 
 // packed [N/16, K/2, 32] bf16
@@ -776,11 +867,17 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
   const uint16_t* wp = (const uint16_t*)packed.data_ptr();
   [[maybe_unused]] const Isa path = isa();
 #ifdef PAGEDLLM_X86
-  if (path == Isa::avx512 && x.scalar_type() == at::kBFloat16) {
+  if (path >= Isa::avx512 && x.scalar_type() == at::kBFloat16) {
     const int64_t M = x.size(0);
     auto out = at::empty({M, N}, x.options());
     const uint16_t* xp = (const uint16_t*)x.data_ptr();
     uint16_t* op = (uint16_t*)out.data_ptr();
+    if (const int64_t amx_rows = bf16_amx_rows(K); amx_rows && M >= amx_rows) {
+      at::parallel_for(0, (NB + 3) / 4, 1, [&](int64_t g0, int64_t g1) {
+        bf16_matmul_amx(xp, M, K, wp, NB, op, g0, g1);
+      });
+      return out;
+    }
     at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t nb = b0; nb < b1; ++nb)
         for (int64_t m0 = 0; m0 < M; m0 += kRows)
@@ -794,7 +891,7 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
   return float_product(x, NB, [&]<int R>(const float* xm, float* o, int64_t nb) {
     const uint16_t* w = wp + nb * K * 16;
 #ifdef PAGEDLLM_X86
-    if (path == Isa::avx512) return bf16_f32_tile_avx512<R>(xm, K, w, o, N);
+    if (path >= Isa::avx512) return bf16_f32_tile_avx512<R>(xm, K, w, o, N);
     if (path == Isa::avx2) return bf16_f32_tile_avx2<R>(xm, K, w, o, N);
 #endif
     bf16_f32_tile_scalar<R>(xm, K, w, o, N);
@@ -818,7 +915,7 @@ at::Tensor fp8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::T
   return float_product(x, NB, [&]<int R>(const float* xm, float* o, int64_t nb) {
     const uint8_t* w = wp + nb * K * 16;
 #ifdef PAGEDLLM_X86
-    if (path == Isa::avx512) return fp8_f32_tile_avx512<R>(xm, K, w, sp + nb * 16, o, N);
+    if (path >= Isa::avx512) return fp8_f32_tile_avx512<R>(xm, K, w, sp + nb * 16, o, N);
     if (path == Isa::avx2) return fp8_f32_tile_avx2<R>(xm, K, w, sp + nb * 16, o, N);
 #endif
     fp8_f32_tile_scalar<R>(xm, K, w, sp + nb * 16, o, N);
@@ -830,5 +927,6 @@ TORCH_LIBRARY_FRAGMENT(pagedllm_cpu, m) {
   m.def("int4_matmul", &int4_matmul);
   m.def("int8_matmul", &int8_matmul);
   m.def("bf16_matmul", &bf16_matmul);
+  m.def("bf16_amx_rows", &bf16_amx_rows);
   m.def("fp8_matmul", &fp8_matmul);
 }

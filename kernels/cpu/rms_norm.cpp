@@ -127,7 +127,7 @@ void norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& wei
     T* s = residual.defined() ? (T*)sum.data_ptr() : nullptr;
     auto run = rows_scalar<T>;
 #ifdef PAGEDLLM_X86
-    if (isa() == Isa::avx512) run = rows_avx512<T>;
+    if (isa() >= Isa::avx512) run = rows_avx512<T>;
     else if (isa() == Isa::avx2) run = rows_avx2<T>;
 #endif
     run((const T*)x.data_ptr(), r, (const T*)weight.data_ptr(), (float)eps, rows, hidden,

@@ -72,7 +72,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
     using T_ = std::remove_pointer_t<decltype(type)>;
     auto run = run_scalar<T_>;
 #ifdef PAGEDLLM_X86
-    if (isa() == Isa::avx512) run = run_avx512<T_>;
+    if (isa() >= Isa::avx512) run = run_avx512<T_>;
     else if (isa() == Isa::avx2) run = run_avx2<T_>;
 #endif
     for (int64_t t = 0; t < T; ++t)

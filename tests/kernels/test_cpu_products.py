@@ -163,7 +163,9 @@ def test_a_nan_code_makes_its_output_nan_for_every_row(path, dtype):
     check(got[:, keep], x, weight[keep])
 
 
-@pytest.mark.parametrize("n,k", [(16, 16), (48, 52), (32, 272)])
+# K % 32 == 0 from 4 rows on: the AMX path (tiles of 16 rows x 32 inputs, 4 blocks a group,
+# so 5 and 7 blocks leave groups of 1 and 3), where the machine has it
+@pytest.mark.parametrize("n,k", [(16, 16), (48, 52), (32, 272), (80, 64), (112, 96)])
 def test_bf16_matches_the_twin(path, dtype, n, k):
     torch.manual_seed(0)
     w = torch.randn(n, k).bfloat16()
@@ -171,6 +173,26 @@ def test_bf16_matches_the_twin(path, dtype, n, k):
     for rows in ROWS:
         x = torch.randn(rows, k).to(dtype)
         check(kernels.bf16_matmul(x, packed), x, w.float())
+
+
+def test_amx_takes_every_row_of_a_prompt_where_the_machine_has_it(path):
+    """On the amx path a bf16 product of K % 32 == 0 inputs runs on AMX tiles from
+    bf16_amx_rows rows on, prompts included (no oneDNN, no unpacked weight); every other
+    path and K says 0, and the layer sends a prompt's rows to oneDNN instead."""
+    from pagedllm.optimized.quant_layers import ONEDNN_ROWS
+
+    torch.manual_seed(0)
+    amx = kernels.bf16_amx_rows(64)
+    assert kernels.bf16_amx_rows(48) == 0 and (amx > 0) == (path == "amx")
+    dense = nn.Linear(64, 80, bias=False).bfloat16()
+    layer = PackedBF16Linear(dense, kernels)
+    assert layer.onednn_rows == (None if path == "amx" else ONEDNN_ROWS)
+    for rows in (amx or 4, 33, ONEDNN_ROWS + 5):
+        x = torch.randn(rows, 64).bfloat16()
+        got = layer(x)
+        check(got, x, dense.weight.float())
+        if path == "amx":  # the kernel's product, bit for bit: no oneDNN call
+            assert torch.equal(got, kernels.bf16_matmul(x, layer.packed))
 
 
 def test_a_prompt_s_rows_go_to_onednn_through_the_unpacked_weight():
