@@ -119,7 +119,8 @@ def _describe_cpu(dtype: torch.dtype) -> dict[str, str]:
     planned = ("padded batches planned once per step, torch's fused attention "
                "(optimized/attention.py)")
     if why is None:
-        kernel = f"C++ kernel, {isa} path"
+        # the amx path is the avx512 one but for the bf16 product (_cpu_linear says so)
+        kernel = f"C++ kernel, {'avx512' if isa == 'amx' else isa} path"
         return {
             "rms_norm": f"{kernel}; kernels/cpu/rms_norm.cpp",
             "store_kv": f"{kernel}; kernels/cpu/store_kv.cpp",
@@ -161,6 +162,7 @@ def _cpu_linear(dtype: torch.dtype, isa: str | None) -> str:
                  "else oneDNN from 128 rows)")
     else:
         dense = "bf16 weights too (oneDNN from 128 rows)"
-    return (f"int8, int4, fp8 and GGUF blocks: C++ kernels, {isa} path "
+    vector = "avx512" if isa == "amx" else isa
+    return (f"int8, int4, fp8 and GGUF blocks: C++ kernels, {vector} path "
             f"(kernels/cpu/quant_linear.cpp); {dense}; packed once after loading "
             f"(optimized/quant_layers.py)")
