@@ -23,7 +23,7 @@ the tiers together), so this runs the reference tier.
 """
 
 import argparse
-import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -55,15 +55,12 @@ BASELINE = "bfloat16"  # the unquantized model in a quantized model's dtype
 # issues 22 and 41, %
 GOALS = {"int8": 1.0, "fp8": 1.0, "int4 g32": 6.0, "int4 g64": 6.0, "int4 g128": 6.0,
          "fp8 GPTQ": 1.0, "int8 GPTQ": 1.0}
-GPTQ_CACHE = Path.home() / ".cache" / "pagedllm" / "gptq"
-
-
-def gptq_folder(name: str, model_dir: Path, scheme: str, samples: int, tokens: int) -> Path:
-    """`pagedllm quantize`'s checkpoint of model_dir, written once and kept (a folder per
-    model, scheme and calibration size)."""
-    out = GPTQ_CACHE / f"{name}-{scheme}-s{samples}-t{tokens}"
+def gptq_folder(cache: Path, name: str, model_dir: Path, scheme: str, samples: int,
+                tokens: int) -> Path:
+    """`pagedllm quantize`'s checkpoint of model_dir in cache, written there unless it is
+    (a folder per model, scheme and calibration size: --gptq-cache keeps them across runs)."""
+    out = cache / f"{name}-{scheme}-s{samples}-t{tokens}"
     if not (out / "config.json").is_file():
-        shutil.rmtree(out, ignore_errors=True)  # a run killed half-way
         report = quantize_checkpoint(model_dir, out, scheme, samples, tokens)
         print(f"{out}: output error {report['gptq_error'] / report['rtn_error']:.2f}x "
               "round to nearest's", flush=True)
@@ -80,7 +77,7 @@ def engine_for(model_dir: Path, dtype: str, quantization, group_size, window: in
 
 def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
                   max_tokens: int, prompts: list[str], calibration=(32, 256),
-                  only=None) -> dict:
+                  only=None, gptq_cache: Path | None = None) -> dict:
     tokenizer = load_tokenizer(model_dir)
     ids = tokenizer.encode(HELD_TEXT.read_text())[:max_text_tokens]
     chats = [chat_prompt(tokenizer, [{"role": "user", "content": p}])["prompt_token_ids"]
@@ -94,7 +91,7 @@ def measure_model(name: str, model_dir: Path, window: int, max_text_tokens: int,
         schemes.set_postfix_str(label)
         folder = model_dir
         if group == "gptq":
-            folder = gptq_folder(name, model_dir, scheme, *calibration)
+            folder = gptq_folder(gptq_cache, name, model_dir, scheme, *calibration)
         try:
             engine = engine_for(folder, dtype, scheme, group, window)
         except ValueError as err:  # a group that does not divide a layer; gguf on a folder
@@ -155,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
                    "baseline always runs), e.g. 'fp8,fp8 GPTQ'")
     p.add_argument("--calibration-samples", type=int, default=32, help="GPTQ rows")
     p.add_argument("--calibration-tokens", type=int, default=256, help="GPTQ rows")
+    p.add_argument("--gptq-cache", type=Path, default=None, help="a folder to keep the GPTQ "
+                   "rows' checkpoints in and reuse (default: written anew, in a temporary "
+                   "folder)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -163,13 +163,15 @@ def main(argv: list[str] | None = None) -> dict:
         args.calibration_samples, args.calibration_tokens = 4, 32
     prompts = CHAT_PROMPTS[:3] if args.quick else CHAT_PROMPTS
     results = []
-    for name in args.model or ["tiny-pydoc"]:
-        model_dir = TINY if name == "tiny-pydoc" else Path(resolve_model(name))
-        print(f"{name}:", flush=True)
-        results.append(measure_model(
-            name, model_dir, args.window, args.max_text_tokens, args.max_tokens, prompts,
-            (args.calibration_samples, args.calibration_tokens),
-            args.schemes.split(",") if args.schemes else None))
+    with tempfile.TemporaryDirectory(prefix="pagedllm-gptq-") as tmp:
+        for name in args.model or ["tiny-pydoc"]:
+            model_dir = TINY if name == "tiny-pydoc" else Path(resolve_model(name))
+            print(f"{name}:", flush=True)
+            results.append(measure_model(
+                name, model_dir, args.window, args.max_text_tokens, args.max_tokens, prompts,
+                (args.calibration_samples, args.calibration_tokens),
+                args.schemes.split(",") if args.schemes else None,
+                args.gptq_cache or Path(tmp)))
     for result in results:
         print_table(result)
     out = {"held_text": str(HELD_TEXT.name), "results": results}

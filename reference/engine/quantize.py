@@ -5,8 +5,9 @@
 
 1. the float model samples ``num_samples`` texts of ``num_tokens`` tokens from its first token
    (temperature 1, a seed each): calibration data without a download;
-2. those texts run through it once more, as prompts, while forward hooks add up each linear
-   layer's input Hessian (``model/gptq.py:collect_hessians``);
+2. those texts run through it once more, as prompts whose every position is scored (so the LM
+   head sees every row, not only the last), while forward hooks add up each linear layer's
+   input Hessian (``model/gptq.py:collect_hessians``);
 3. every linear layer (a tied LM head is the embedding table and stays float) is quantized by
    GPTQ against its Hessian, with round to nearest's scales;
 4. the folder is written (``model/quantized_checkpoint.py``); ``LLM(out_dir)`` serves it.
@@ -17,8 +18,10 @@ tier merges q, k and v into one product), so each hook sees one layer's input.
 
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
+from ..model import load_config, resolve_model
 from ..model.gptq import (
     GPTQ_SCHEMES,
     QUANTIZE,
@@ -42,15 +45,28 @@ def calibration_samples(llm: LLM, num_samples: int, num_tokens: int,
     with a seed of its own: text spread like the model's own, so its layers
     see the inputs they meet in use."""
     tokenizer = llm.tokenizer
-    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer else None
-    start = [bos if bos is not None else 0]
+    ids = [getattr(tokenizer, name, None) if tokenizer else None
+           for name in ("bos_token_id", "eos_token_id")]
+    start = [next((i for i in ids if i is not None), 0)]  # BOS, else EOS
+    # seeds of their own: another seed gives other texts, not all but one
     params = [SamplingParams(temperature=1.0, max_tokens=num_tokens,
-                             ignore_eos=True, seed=seed + i)
+                             ignore_eos=True, seed=seed * num_samples + i)
               for i in range(num_samples)]
     prompts = [{"prompt_token_ids": start}] * num_samples
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [start + list(out.outputs[0].token_ids) for out in outs]
 # --8<-- [end:calibration]
+
+
+def calibration_hessians(llm: LLM, samples: list[list[int]]) -> dict[str, torch.Tensor]:
+    """{layer name: H} over every token of samples, read as prompts. A quantized (untied) LM
+    head runs on a prompt's last row only in a plain prefill: its Hessian would have one row
+    a text, so then every position is scored (prompt_logprobs) and the head sees them all."""
+    model = llm.engine.model
+    untied = getattr(model, "lm_head", None) in quantized_linears(model).values()
+    scored = SamplingParams(max_tokens=1, prompt_logprobs=0 if untied else None)
+    prompts = [{"prompt_token_ids": s} for s in samples]
+    return collect_hessians(model, lambda: llm.generate(prompts, scored, use_tqdm=False))
 
 
 def quantize_checkpoint(model: str | Path, out_dir: str | Path, scheme: str = "fp8",
@@ -71,16 +87,30 @@ def quantize_checkpoint(model: str | Path, out_dir: str | Path, scheme: str = "f
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"out_dir {str(out_dir)!r} is not empty; give a new folder (a "
                          "checkpoint is never written over another)")
+    # a name or a GGUF file: its float32 conversion, cast to dtype as it loads (the folder
+    # benchmarks/weight_quant.py measures, whatever dtype the scales are rounded to)
+    model = resolve_model(model)
+    config = load_config(model)
+    if config.quantization is not None:
+        raise ValueError(f"model {str(model)!r} is saved quantized already "
+                         f"({config.quantization!r}); give the float checkpoint it came from")
+    # the calibration pass reads 1 + num_tokens tokens and samples one more
+    positions = config.max_position_embeddings
+    if num_tokens + 2 > positions:
+        raise ValueError(f"num_tokens {num_tokens}: a calibration text of 1 + num_tokens "
+                         f"tokens, and the one token sampled after it, must fit the model's "
+                         f"{positions} positions: give at most {positions - 2}")
     llm = LLM(EngineArgs(model, dtype=dtype, enable_prefix_caching=False,
-                         max_model_len=num_tokens + 1, max_num_seqs=min(num_samples, 16)))
+                         max_model_len=num_tokens + 2, max_num_seqs=min(num_samples, 16)))
     samples = calibration_samples(llm, num_samples, num_tokens, seed)
-    once = SamplingParams(max_tokens=1)  # the prefill is the pass the hooks watch
-    hessians = collect_hessians(llm.engine.model, lambda: llm.generate(
-        [{"prompt_token_ids": s} for s in samples], once, use_tqdm=False))
+    hessians = calibration_hessians(llm, samples)
     quantized, rtn_error, gptq_error = {}, 0.0, 0.0
     for name, linear in tqdm(quantized_linears(llm.engine.model).items(), "GPTQ",
                              unit="layer"):
-        quantized[name] = gptq_quantize(linear.weight, hessians[name], scheme)
+        try:
+            quantized[name] = gptq_quantize(linear.weight, hessians[name], scheme)
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
         rtn_error += output_error(linear.weight, QUANTIZE[scheme](linear.weight),
                                   hessians[name])
         gptq_error += output_error(linear.weight, quantized[name], hessians[name])

@@ -18,9 +18,13 @@ scales are the round-to-nearest scheme's (one scale per output channel, the row'
 |w| on the grid's largest value): only which grid point each weight lands on changes, so the
 result is an ordinary fp8 or int8 weight that every kernel multiplies as it is.
 
-It needs calibration inputs; ``calibration_samples`` makes them from the model itself (text it
-samples from the first token on), so no data set is downloaded (the data-free calibration of
-LLM-QAT, Liu et al. 2023). ``pagedllm quantize`` runs it and saves the result as a checkpoint
+Act order and the lazy batches come from the paper's published code; the paper's own algorithm
+also quantizes the layers one after another on the quantized layers' outputs, where this takes
+every Hessian from the float model in one pass. It needs calibration inputs;
+``calibration_samples`` makes them from the model itself (text it samples from its first token
+on, after LLM-QAT's data-free generation, Liu et al. 2023, which starts from a random token and
+picks the first few greedily), so no data set is downloaded. ``pagedllm quantize`` runs it and
+saves the result as a checkpoint
 (``model/quantized_checkpoint.py``): GPTQ is a step before serving, as llm-compressor's is
 before vLLM, never work done at load.
 """
@@ -53,14 +57,15 @@ def quantized_linears(model: nn.Module) -> dict[str, nn.Linear]:
 # --8<-- [start:hessians]
 def collect_hessians(model: nn.Module, run) -> dict[str, torch.Tensor]:
     """{layer name: H [in, in]}: the sum of x x^T over every input row x each quantized
-    linear layer of model saw while run() ran (forward hooks; float64, so that thousands of
-    tokens add up without losing the small entries)."""
+    linear layer of model saw while run() ran (forward hooks, float32 sums as the
+    paper's code keeps them). Every layer's H is held at once: 0.5 GB for SmolLM2-135M,
+    tens of GB for an 8B model, which would need them a decoder layer at a time."""
     linears = quantized_linears(model)
-    hessians = {name: torch.zeros(m.in_features, m.in_features, dtype=torch.float64)
+    hessians = {name: torch.zeros(m.in_features, m.in_features, device=m.weight.device)
                 for name, m in linears.items()}
 
     def add(name: str, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).double()  # [T, in]
+        x = x.reshape(-1, x.shape[-1]).float()  # [T, in]
         hessians[name] += x.T @ x  # [in, in]
 
     hooks = [m.register_forward_hook(lambda _m, args, _out, name=name: add(name, args[0]))
@@ -99,9 +104,13 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor,
                          f"with {n} inputs needs [{n}, {n}]")
     rtn = QUANTIZE[scheme](weight)  # round to nearest: its scales are GPTQ's
     # [out]: what gives float32 columns rtn's scales, already in weight's dtype
-    # (scale * 448 or * 127 is exact in float32, and so is the division back)
+    # (for a 16-bit scale, scale * 448 or * 127 and the division back are exact
+    # in float32; a float32 scale may come back within one unit of its last bit)
     absmax = rtn.scales.float() * GRID_MAX[scheme]
-    H = hessian.to(torch.float64).clone()
+    H = hessian.to("cpu", torch.float64).clone()  # solved in float64, on the CPU
+    if not torch.isfinite(H).all():
+        raise ValueError("hessian holds NaN or inf: the layer's calibration "
+                         "inputs were not all finite")
     dead = H.diagonal() == 0  # an input that was always 0: its column rounds
     H[dead, dead] = 1.0
     # act order: the inputs with the largest activations first
@@ -112,12 +121,13 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor,
     # Upper Cholesky factor of H^-1: row j says what rounding column j owes
     # the later columns, once the columns before it are fixed.
     L = torch.linalg.cholesky(H)
-    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True).float()
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+    Hinv = Hinv.to(W.device, torch.float32)
     Q = torch.empty_like(W)  # [out, in]
     for start in range(0, n, block_size):  # lazy batch updates, a block a time
         end = min(start + block_size, n)
         block = W[:, start:end].clone()  # [out, b]
-        errors = torch.empty(out, end - start)  # [out, b]
+        errors = torch.empty_like(block)  # [out, b]
         for j in range(end - start):
             d = Hinv[start + j]  # [in]
             Q[:, start + j] = _round(block[:, j:j + 1], scheme, absmax)[:, 0]

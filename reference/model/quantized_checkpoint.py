@@ -16,17 +16,21 @@ quantized model computes in. vLLM reads compressed-tensors' own config, not this
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from ..ops.weight_quant import QuantizedWeight, dequantize_weight
-from .weights import weight_files
 
 QUANT_METHOD = "pagedllm"
 SAVED_SCHEMES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}  # scheme -> codes' dtype
 SCALE = ".weight_scale"
+# What a new folder does not take from its source: weights in any format (its own are written)
+# and what described the source (a GGUF conversion's record would make it claim the file).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
+NOT_COPIED = ("config.json", "model.safetensors.index.json", "converted-from.json")
 
 
 def saved_scheme(quantization_config, source="config.json") -> str | None:
@@ -56,12 +60,20 @@ def split_saved(state: dict[str, torch.Tensor], scheme: str, dtype: torch.dtype
     state, saved = dict(state), {}
     for key in [k for k in state if k.endswith(SCALE)]:
         name = key.removesuffix(SCALE)
+        if name + ".weight" not in state:
+            raise ValueError(f"{key} has no {name}.weight to scale; the folder is incomplete: "
+                             "write it again with `pagedllm quantize`")
         codes, scales = state.pop(name + ".weight"), state.pop(key)
         if codes.dtype != SAVED_SCHEMES[scheme] or codes.dim() != 2 \
                 or scales.shape != (codes.shape[0],):
             raise ValueError(f"{name}: a saved {scheme} weight is {SAVED_SCHEMES[scheme]} codes "
                              f"[out, in] with scales [out]; got {codes.dtype} "
                              f"{tuple(codes.shape)} and scales {tuple(scales.shape)}")
+        if not torch.equal(scales.to(dtype).float(), scales.float()):
+            raise ValueError(f"{name}: its scales were chosen in another dtype and {dtype} "
+                             "would round them, moving every weight off the grid GPTQ chose; "
+                             "load it in the dtype `pagedllm quantize --dtype` was given "
+                             "(quantization_config's \"dtype\")")
         qw = QuantizedWeight(scheme, codes, scales.to(dtype), None, tuple(codes.shape))
         saved[name] = qw
         state[name + ".weight"] = dequantize_weight(qw, dtype)  # [out, in]
@@ -81,13 +93,12 @@ def save_quantized(source_dir: Path, out_dir: Path, state: dict[str, torch.Tenso
     quantization_config (record: how the codes were chosen). The files go to a folder beside
     it first, renamed to out_dir once all are written: a run killed half-way never leaves a
     folder that looks like a checkpoint."""
-    final, out_dir = out_dir, out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run killed half-way
-    out_dir.mkdir(parents=True)
-    weights = {Path(f).name for f in weight_files(source_dir)} | {
-        "model.safetensors.index.json"}
-    for file in source_dir.iterdir():
-        if file.is_file() and file.name not in weights and file.name != "config.json":
+    final = out_dir
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    for file in source_dir.iterdir():  # the tokenizer's files and the like
+        if file.is_file() and file.suffix not in WEIGHT_SUFFIXES \
+                and file.name not in NOT_COPIED:
             shutil.copy2(file, out_dir / file.name)
     tensors = {k: t.contiguous() for k, t in state.items()}
     for name, qw in quantized.items():
