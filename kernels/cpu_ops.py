@@ -18,8 +18,9 @@ measured limit (lesson 18):
   comment says so.
 
 Each kernel has three paths (``cpu/cpu.h``): AVX-512 with BF16 and VNNI, AVX2 with FMA, and
-portable C++; the best one this CPU has is taken at run time (``cpu_isa()``; ``use_isa()``
-caps it, for tests). Each op below is a ``CpuOp``: the kernel where its inputs are ones it
+portable C++, and the bf16 product a fourth, AMX tiles (``amx``: the AVX-512 path with them);
+the best one this CPU has is taken at run time (``cpu_isa()``; ``use_isa()`` caps it, for
+tests). Each op below is a ``CpuOp``: the kernel where its inputs are ones it
 takes, the twin otherwise (the condition is in the op, once).
 
 Built on first use with torch's extension builder (a C++ compiler and ninja; a minute or two
@@ -159,7 +160,8 @@ def cpu_kernels_status() -> str:
 
 
 def cpu_isa() -> str | None:
-    """The path the kernels take now (``avx512``, ``avx2``, ``scalar``), None without a build."""
+    """The path the kernels take now (``amx``, ``avx512``, ``avx2``, ``scalar``), None without
+    a build. ``amx`` is the AVX-512 path with the bf16 product on AMX tiles."""
     module, _ = _build()
     return None if module is None else module.isa()
 

@@ -190,14 +190,11 @@ class PackedBF16Linear(nn.Module):
         super().__init__()
         self.register_buffer("packed", pack_bf16(layer.weight.detach()))  # [out/16, in/2, 16, 2]
         self.bias, self.kernels = layer.bias, kernels
-        # oneDNN takes a prompt's rows unless our kernel runs them on AMX tiles (the path the
-        # kernels take when the layer is built)
-        amx = kernels.bf16_amx_rows(layer.in_features) > 0
-        self.onednn_rows = None if amx else ONEDNN_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x)  # [T, in]
-        if self.onednn_rows is not None and rows.shape[0] >= self.onednn_rows:
+        # a prompt's rows: oneDNN, unless our kernel runs them on AMX tiles on the path taken
+        if rows.shape[0] >= ONEDNN_ROWS and self.kernels.bf16_amx_rows(rows.shape[1]) == 0:
             blocks, pairs = self.packed.shape[:2]
             weight = self.packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)
             return F.linear(x, weight, self.bias)  # [..., out]

@@ -62,9 +62,15 @@ using namespace at;  // NOLINT
 #define AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,fma")))
 #define AVX2FMA __attribute__((target("avx2,fma,f16c")))
+// AMX needs GCC 11 or clang 12 to compile and Linux's leave to run (extension.cpp): without
+// either the amx path is left out and the bf16 product stays on AVX-512.
+#if defined(__linux__) && \
+    (defined(__clang__) ? __clang_major__ >= 12 : (defined(__GNUC__) && __GNUC__ >= 11))
+#define PAGEDLLM_AMX 1
 #define AMXBF16                                                                          \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni," \
                         "fma")))
+#endif
 
 AVX512BF16 static inline __m512 widen(__m256i bits) {  // 16 bf16 -> 16 float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));

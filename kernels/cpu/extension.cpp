@@ -9,7 +9,7 @@
 #include <atomic>
 #include <string>
 
-#ifdef PAGEDLLM_X86
+#ifdef PAGEDLLM_AMX
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@ namespace pagedllm_cpu {
 namespace {
 std::atomic<int> cap{(int)Isa::amx};
 
-#ifdef PAGEDLLM_X86
+#ifdef PAGEDLLM_AMX
 // AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22), and Linux's leave to use them:
 // a process must ask for the tiles' 8 KiB of state (arch_prctl ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA) before its first tile instruction, or that instruction faults.
@@ -42,7 +42,10 @@ Isa machine_isa() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
         __builtin_cpu_supports("avx512vnni"))
-      return amx_granted() ? Isa::amx : Isa::avx512;
+#ifdef PAGEDLLM_AMX
+      if (amx_granted()) return Isa::amx;
+#endif
+      return Isa::avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
       return Isa::avx2;

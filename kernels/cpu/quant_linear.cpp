@@ -118,6 +118,7 @@ AVX512BF16 void bf16_tile(const uint16_t* x, int64_t K, const uint16_t* w, uint1
     _mm256_storeu_si256((__m256i*)(out + m * N), (__m256i)_mm512_cvtneps_pbh(acc[m]));
 }
 
+#ifdef PAGEDLLM_AMX
 // --8<-- [start:bf16_amx]
 // The bf16 product on AMX: eight 1 KiB tile registers and one instruction, tdpbf16ps, that
 // multiplies a tile of 16 rows x 32 inputs by a tile of 32 inputs x 16 outputs and adds the
@@ -133,6 +134,7 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};  // bytes a row, per tile
   uint8_t rows[16] = {};
 };
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 
 AMXBF16 static void amx_configure(int64_t mc) {
   TileConfig cfg;
@@ -140,6 +142,7 @@ AMXBF16 static void amx_configure(int64_t mc) {
     cfg.colsb[t] = 64;
     cfg.rows[t] = t < 5 ? (uint8_t)mc : 16;  // sums and rows: mc; weights: 16 pairs
   }
+  asm volatile("" ::: "memory");  // all 64 bytes stored before ldtilecfg reads them
   _tile_loadconfig(&cfg);
 }
 
@@ -198,6 +201,7 @@ AMXBF16 static void bf16_matmul_amx(const uint16_t* x, int64_t M, int64_t K,
   _tile_release();
 }
 // --8<-- [end:bf16_amx]
+#endif  // PAGEDLLM_AMX
 
 // --8<-- [start:int8_tile]
 // MB rows x 16 outputs of the int8 product (W8A16) on VNNI. vpdpbusd multiplies 4
@@ -850,7 +854,7 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& packed,
 // taken now (a prompt's many rows then stay on our kernel: optimized/quant_layers.py); 0
 // where it never does.
 int64_t bf16_amx_rows(int64_t K) {
-#ifdef PAGEDLLM_X86
+#ifdef PAGEDLLM_AMX
   if (isa() == Isa::amx && K % 32 == 0) return kAmxRows;
 #endif
   return 0;
@@ -872,12 +876,14 @@ at::Tensor bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
     auto out = at::empty({M, N}, x.options());
     const uint16_t* xp = (const uint16_t*)x.data_ptr();
     uint16_t* op = (uint16_t*)out.data_ptr();
+#ifdef PAGEDLLM_AMX
     if (const int64_t amx_rows = bf16_amx_rows(K); amx_rows && M >= amx_rows) {
       at::parallel_for(0, (NB + 3) / 4, 1, [&](int64_t g0, int64_t g1) {
         bf16_matmul_amx(xp, M, K, wp, NB, op, g0, g1);
       });
       return out;
     }
+#endif
     at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t nb = b0; nb < b1; ++nb)
         for (int64_t m0 = 0; m0 < M; m0 += kRows)

@@ -51,9 +51,12 @@ def test_kernels_say_what_computes_each_op_here(checkpoints, dtype, monkeypatch)
     if isa is None:  # no build: every op says why it is the twin
         assert "twin" in report["rms_norm"]
     elif getattr(torch, dtype) in cpu_ops.FLOATS:
-        assert f"{isa} path" in report["rms_norm"]
-        assert f"{isa} path" in report["paged_attention"]
-        assert f"int8, int4, fp8 and GGUF blocks: C++ kernels, {isa} path" in report["linear"]
+        vector = "avx512" if isa == "amx" else isa  # amx: AVX-512 but for the bf16 product
+        assert f"{vector} path" in report["rms_norm"]
+        assert f"{vector} path" in report["paged_attention"]
+        assert f"int8, int4, fp8 and GGUF blocks: C++ kernels, {vector} path" in report["linear"]
+        amx = isa == "amx" and dtype == "bfloat16"
+        assert ("bf16 weights too, on AMX tiles" in report["linear"]) == amx
     assert llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # and the engine runs
 
 

@@ -1,9 +1,10 @@
 """The CPU kernels' matrix products (``kernels/cpu/quant_linear.cpp``: ``int8_matmul``,
 ``int4_matmul``, ``fp8_matmul``, ``bf16_matmul``) against the twin
 (``reference/ops/weight_quant.py``: dequantize, then multiply in float32), on every
-instruction-set path this machine has (``use_isa``: AVX-512, AVX2, portable C++; a path the CPU
-lacks runs its best below), with bf16 and float32 activations, 1 to 17 rows (one row, int8's
-switch at 4 rows on AVX-512, the 8-row tiles full, partial and several) and small edge shapes
+instruction-set path this machine has (``use_isa``: AMX for the bf16 product, AVX-512, AVX2,
+portable C++; a path the CPU lacks runs its best below), with bf16 and float32 activations, 1
+to 17 rows (one row, int8's switch at 4 rows on AVX-512, the 8-row tiles full, partial and
+several; AMX's 16-row tiles from 4 rows) and small edge shapes
 (one block of 16 outputs, one group).
 
 Tolerances: both sides sum in float32, in different orders.
@@ -186,13 +187,14 @@ def test_amx_takes_every_row_of_a_prompt_where_the_machine_has_it(path):
     assert kernels.bf16_amx_rows(48) == 0 and (amx > 0) == (path == "amx")
     dense = nn.Linear(64, 80, bias=False).bfloat16()
     layer = PackedBF16Linear(dense, kernels)
-    assert layer.onednn_rows == (None if path == "amx" else ONEDNN_ROWS)
     for rows in (amx or 4, 33, ONEDNN_ROWS + 5):
         x = torch.randn(rows, 64).bfloat16()
         got = layer(x)
         check(got, x, dense.weight.float())
-        if path == "amx":  # the kernel's product, bit for bit: no oneDNN call
+        if path == "amx" or rows < ONEDNN_ROWS:  # the kernel's product, bit for bit
             assert torch.equal(got, kernels.bf16_matmul(x, layer.packed))
+        else:  # oneDNN's, on the weight unpacked
+            assert torch.equal(got, dense(x))
 
 
 def test_a_prompt_s_rows_go_to_onednn_through_the_unpacked_weight():
