@@ -158,8 +158,8 @@ def _cpu_linear(dtype: torch.dtype, isa: str | None) -> str:
     if dtype != torch.bfloat16:
         dense = "float weights: BLAS (F.linear)"
     elif isa == "amx":  # kernels/cpu/quant_linear.cpp: bf16_amx
-        dense = ("bf16 weights too, on AMX tiles from 4 rows (inputs a multiple of 32; "
-                 "else oneDNN from 128 rows)")
+        dense = ("bf16 weights too, on AMX tiles (inputs a multiple of 32; else the "
+                 "AVX-512 tile, and oneDNN from 128 rows)")
     else:
         dense = "bf16 weights too (oneDNN from 128 rows)"
     vector = "avx512" if isa == "amx" else isa

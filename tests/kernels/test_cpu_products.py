@@ -4,7 +4,7 @@
 instruction-set path this machine has (``use_isa``: AMX for the bf16 product, AVX-512, AVX2,
 portable C++; a path the CPU lacks runs its best below), with bf16 and float32 activations, 1
 to 17 rows (one row, int8's switch at 4 rows on AVX-512, the 8-row tiles full, partial and
-several; AMX's 16-row tiles from 4 rows) and small edge shapes
+several; AMX's tiles of up to 16 rows) and small edge shapes
 (one block of 16 outputs, one group).
 
 Tolerances: both sides sum in float32, in different orders.
@@ -164,7 +164,7 @@ def test_a_nan_code_makes_its_output_nan_for_every_row(path, dtype):
     check(got[:, keep], x, weight[keep])
 
 
-# K % 32 == 0 from 4 rows on: the AMX path (tiles of 16 rows x 32 inputs, 4 blocks a group,
+# K % 32 == 0: the AMX path at every row count (tiles of 16 rows x 32 inputs, 4 blocks a group,
 # so 5 and 7 blocks leave groups of 1 and 3), where the machine has it
 @pytest.mark.parametrize("n,k", [(16, 16), (48, 52), (32, 272), (80, 64), (112, 96)])
 def test_bf16_matches_the_twin(path, dtype, n, k):
