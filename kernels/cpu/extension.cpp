@@ -41,11 +41,12 @@ Isa machine_isa() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-        __builtin_cpu_supports("avx512vnni"))
+        __builtin_cpu_supports("avx512vnni")) {
 #ifdef PAGEDLLM_AMX
       if (amx_granted()) return Isa::amx;
 #endif
       return Isa::avx512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
       return Isa::avx2;

@@ -41,9 +41,9 @@ from .sampling_params import SamplingParams
 def calibration_samples(llm: LLM, num_samples: int, num_tokens: int,
                         seed: int = 0) -> list[list[int]]:
     """num_samples token lists of 1 + num_tokens tokens the model writes
-    itself, each from its first token (its BOS, else token 0) at temperature 1
-    with a seed of its own: text spread like the model's own, so its layers
-    see the inputs they meet in use."""
+    itself, each from one first token (its BOS, else its EOS, else token 0) at
+    temperature 1 with a seed of its own: text spread like the model's own, so
+    its layers see the inputs they meet in use."""
     tokenizer = llm.tokenizer
     ids = [getattr(tokenizer, name, None) if tokenizer else None
            for name in ("bos_token_id", "eos_token_id")]
@@ -102,25 +102,27 @@ def quantize_checkpoint(model: str | Path, out_dir: str | Path, scheme: str = "f
                          f"{positions} positions: give at most {positions - 2}")
     llm = LLM(EngineArgs(model, dtype=dtype, enable_prefix_caching=False,
                          max_model_len=num_tokens + 2, max_num_seqs=min(num_samples, 16)))
-    samples = calibration_samples(llm, num_samples, num_tokens, seed)
-    hessians = calibration_hessians(llm, samples)
-    quantized, rtn_error, gptq_error = {}, 0.0, 0.0
-    for name, linear in tqdm(quantized_linears(llm.engine.model).items(), "GPTQ",
-                             unit="layer"):
-        try:
-            quantized[name] = gptq_quantize(linear.weight, hessians[name], scheme)
-        except ValueError as err:
-            raise ValueError(f"{name}: {err}") from None
-        rtn_error += output_error(linear.weight, QUANTIZE[scheme](linear.weight),
-                                  hessians[name])
-        gptq_error += output_error(linear.weight, quantized[name], hessians[name])
+    try:
+        samples = calibration_samples(llm, num_samples, num_tokens, seed)
+        hessians = calibration_hessians(llm, samples)
+        quantized, rtn_error, gptq_error = {}, 0.0, 0.0
+        for name, linear in tqdm(quantized_linears(llm.engine.model).items(), "GPTQ",
+                                 unit="layer"):
+            try:
+                quantized[name] = gptq_quantize(linear.weight, hessians[name], scheme)
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from None
+            rtn_error += output_error(linear.weight, QUANTIZE[scheme](linear.weight),
+                                      hessians[name])
+            gptq_error += output_error(linear.weight, quantized[name], hessians[name])
+    finally:
+        llm.engine.shutdown()
     source = llm.model_dir
     state = {k: t for k, t in load_state_dict(source).items()
              if k.removesuffix(".weight") not in quantized}
     record = {"method": "gptq", "calibration": "self-generated",
               "calibration_samples": num_samples, "calibration_tokens": num_tokens,
               "seed": seed, "dtype": dtype}
-    llm.engine.shutdown()
     save_quantized(Path(source), out_dir, state, quantized, record)
     return {"scheme": scheme, "layers": len(quantized),
             "calibration_tokens": sum(len(s) for s in samples),

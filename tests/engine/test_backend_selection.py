@@ -26,6 +26,7 @@ from pagedllm.optimized.backend import (
 from pagedllm.reference import SamplingParams
 from pagedllm.reference.engine.config import auto_quantized_dtype, native_bf16
 from pagedllm.serving.cli import main as cli_main
+from pagedllm.serving.env_cmd import cpu_flags
 
 OPS = ("rms_norm", "store_kv", "rotary", "paged_attention", "silu_and_mul", "sample", "linear",
        "whole_step")
@@ -39,6 +40,21 @@ def test_the_backend_is_chosen_from_the_device(monkeypatch):
     assert select_backend(torch.device("cuda")) is TRITON_BACKEND
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert select_backend(torch.device("cpu")) is INTERPRETED_BACKEND
+
+
+@pytest.mark.skipif(cpu_ops.cpu_extension() is None or not cpu_flags(),
+                    reason="the CPU kernels did not build, or Linux lists no CPU flags here")
+def test_the_kernels_best_path_is_what_linux_says_this_cpu_runs():
+    """The extension's own CPUID check agrees with /proc/cpuinfo, which lists only what the
+    CPU has and the kernel enables: a path chosen past it is an illegal instruction."""
+    flags = set(cpu_flags())
+    machine = cpu_ops.cpu_extension().machine_isa()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"} <= flags:
+        assert machine in (("amx", "avx512") if "amx_bf16" in flags else ("avx512",))
+    elif {"avx2", "fma", "f16c"} <= flags:
+        assert machine == "avx2"
+    else:
+        assert machine == "scalar"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
