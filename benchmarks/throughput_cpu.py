@@ -25,8 +25,11 @@ run on the same CPU threads:
     a subprocess (``vllm_cpu.py``) on the same workload, batch size and threads, in float32 and
     (as transformers) bfloat16. Its engine starts in about 2 minutes (it compiles its model),
     outside the timing. The table gives each row's throughput over vLLM's (x vLLM: against
-    vLLM at the row's dtype; quantized rows against vLLM's bfloat16, their activations'), and
-    how many requests got exactly vLLM's greedy tokens at the same dtype.
+    vLLM at the row's dtype; quantized rows against vLLM's fastest row), and how many
+    requests got exactly vLLM's greedy tokens at the same dtype. Compare the wall clocks:
+    vLLM's CPU time also counts its engine core, a process that polls for its worker's answer
+    and so keeps a second core busy (the table's last lines split it by process); pinned to
+    one core (``taskset -c 0``) vLLM runs as fast as on two.
 
 With ``--model`` (and the optimized system) the script also measures one sequence alone
 (decode only) in ours at every ``--precision``, and in llama.cpp and vLLM when they run: the
@@ -324,17 +327,19 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
 
 
 def vllm_row(name: str, rows: dict) -> str | None:
-    """The vLLM row a row is measured against: vLLM at the row's dtype; a quantized row (its
-    activations bfloat16) against vLLM's bfloat16, else its float32. None when vLLM did not run
-    (or is the row itself)."""
+    """The vLLM row a row is measured against: vLLM at the row's dtype (float32, bfloat16); a
+    quantized row against vLLM's fastest row, its best scheme (bfloat16 where the CPU has it;
+    on an AVX2-only CPU vLLM's bf16 is emulated, and float32 is its best). None when vLLM did
+    not run (or is the row itself)."""
     if name.partition("#")[0].partition("@")[0] == "vllm":
         return None
     precision = name.partition("#")[2] or ("gguf" if name == "llama_cpp" else "float32")
-    wanted = "vllm" if precision == "float32" else "vllm#bfloat16"
-    for key in (wanted, "vllm"):
-        if rows.get(key, {}).get("ok"):
-            return key
-    return None
+    ran = [key for key in ("vllm", "vllm#bfloat16") if rows.get(key, {}).get("ok")]
+    if precision in ("float32", "bfloat16"):
+        wanted = "vllm" if precision == "float32" else "vllm#bfloat16"
+        return wanted if wanted in ran else (ran[0] if ran else None)
+    return max(ran, default=None, key=lambda key: rows[key].get(
+        "tokens_per_s", rows[key].get("decode_tokens_per_s", 0)))
 
 
 def compare_to_vllm(results: dict, tokens_of: dict) -> None:
@@ -472,7 +477,7 @@ def print_single(single: dict) -> None:
               f"{percent('batched_bandwidth_floor_share'):>7}")
     print(f"{BATCHED} seqs: {BATCHED} copies of the prompt decoding together, the tokens of all "
           f"per second; x llama.cpp: against llama.cpp's one sequence; x vLLM: against vLLM's "
-          f"same column at the row's dtype (quantized rows: its bfloat16); bw: share of the "
+          f"same column at the row's dtype (quantized rows: its fastest); bw: share of the "
           f"memory-bandwidth floor (weight bytes / sequences + mean context x KV bytes per "
           f"token, x tok/s / the bandwidth measured in this run)")
 
@@ -558,11 +563,16 @@ def print_table(results: dict) -> None:
               f"{100 * res.get('compute_floor_share', 0):6.1f}%"
               f"{100 * res.get('bandwidth_floor_share', 0):6.1f}%")
     print("tokens: each request's own output tokens; x gen: throughput / transformers generate's;"
-          " x vLLM: throughput / vLLM's at the row's dtype (quantized rows: vLLM's bfloat16);"
-          " CPU s: this process's CPU time (all threads; vLLM: its process tree's); floor: share"
+          " x vLLM: throughput / vLLM's at the row's dtype (quantized rows: vLLM's fastest row);"
+          " CPU s: this process's CPU time (all threads; vLLM: its process tree's, its engine"
+          " core's polling for its worker included, so compare the wall columns); floor: share"
           " of the compute floor (2 x parameters FLOPs per token x tok/s / matmul FLOP/s "
           "measured in this run); bw: share of the memory-bandwidth floor (weight bytes / batch"
           " + mean context x KV bytes per token, x tok/s / the bandwidth measured in this run)")
+    for name, res in results.items():
+        if res.get("vllm_cpu_by_process"):  # where vLLM's CPU time went: its model, or not
+            split = ", ".join(f"{proc} {t:.1f}" for proc, t in res["vllm_cpu_by_process"].items())
+            print(f"{label_of(name)}: CPU s by process: {split}")
     same = [f"{label_of(name)} {res['requests_identical_to_vllm']}/{res['requests']}"
             for name, res in results.items() if "requests_identical_to_vllm" in res
             and (name.partition("#")[2] or "float32") in ("float32", "bfloat16")]

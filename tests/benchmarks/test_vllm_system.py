@@ -153,13 +153,20 @@ def test_the_race_prints_vllms_row_the_ratio_and_identical_requests(
     assert asked["threads"] == 1 and asked["max_num_seqs"] == 4 and asked["dtype"] == "float32"
 
 
-def test_quantized_rows_are_measured_against_vllms_bfloat16():
-    rows = {"vllm": {"ok": True}, "vllm#bfloat16": {"ok": True}}
+def test_quantized_rows_are_measured_against_vllms_fastest_row():
+    """A row at a float dtype against vLLM at that dtype; a quantized row against vLLM's best
+    scheme: bf16 where the CPU has it natively, float32 where vLLM's bf16 is emulated."""
+    rows = {"vllm": {"ok": True, "tokens_per_s": 50.0},
+            "vllm#bfloat16": {"ok": True, "tokens_per_s": 90.0}}
     assert throughput_cpu.vllm_row("optimized", rows) == "vllm"
     assert throughput_cpu.vllm_row("optimized#bfloat16", rows) == "vllm#bfloat16"
     assert throughput_cpu.vllm_row("optimized#int4", rows) == "vllm#bfloat16"
     assert throughput_cpu.vllm_row("llama_cpp", rows) == "vllm#bfloat16"
     assert throughput_cpu.vllm_row("vllm#bfloat16", rows) is None
+    avx2 = {"vllm": {"ok": True, "decode_tokens_per_s": 20.0},
+            "vllm#bfloat16": {"ok": True, "decode_tokens_per_s": 9.0}}
+    assert throughput_cpu.vllm_row("optimized#gguf", avx2) == "vllm"
+    assert throughput_cpu.vllm_row("optimized#bfloat16", avx2) == "vllm#bfloat16"
     assert throughput_cpu.vllm_row("optimized#int4", {"vllm": {"ok": True}}) == "vllm"
     assert throughput_cpu.vllm_row("optimized", {"vllm": {"ok": False}}) is None
 
