@@ -326,20 +326,26 @@ def race(ckpt: Path, work, batch: int, max_len: int, only=SYSTEMS,
     return results
 
 
-def vllm_row(name: str, rows: dict) -> str | None:
-    """The vLLM row a row is measured against: vLLM at the row's dtype (float32, bfloat16); a
-    quantized row against vLLM's fastest row, its best scheme (bfloat16 where the CPU has it;
-    on an AVX2-only CPU vLLM's bf16 is emulated, and float32 is its best). None when vLLM did
-    not run (or is the row itself)."""
+def precision_of(name: str) -> str:
+    """A row's weight precision (its name's part after '#'): float32 unless named; llama.cpp's
+    is its GGUF file's blocks."""
+    return name.partition("#")[2] or ("gguf" if name == "llama_cpp" else "float32")
+
+
+def vllm_row(name: str, rows: dict, speed: str = "tokens_per_s") -> str | None:
+    """The vLLM row a row is measured against: vLLM at the row's dtype (bfloat16 rows fall back
+    to vLLM's float32); a quantized row against vLLM's fastest row by `speed`, its best scheme
+    (bfloat16 where the CPU has it; on an AVX2-only CPU vLLM's bf16 is emulated, and float32
+    is its best). None when vLLM did not run (or is the row itself)."""
     if name.partition("#")[0].partition("@")[0] == "vllm":
         return None
-    precision = name.partition("#")[2] or ("gguf" if name == "llama_cpp" else "float32")
+    precision = precision_of(name)
     ran = [key for key in ("vllm", "vllm#bfloat16") if rows.get(key, {}).get("ok")]
-    if precision in ("float32", "bfloat16"):
-        wanted = "vllm" if precision == "float32" else "vllm#bfloat16"
-        return wanted if wanted in ran else (ran[0] if ran else None)
-    return max(ran, default=None, key=lambda key: rows[key].get(
-        "tokens_per_s", rows[key].get("decode_tokens_per_s", 0)))
+    if precision == "float32":
+        return "vllm" if "vllm" in ran else None
+    if precision == "bfloat16":
+        return "vllm#bfloat16" if "vllm#bfloat16" in ran else ("vllm" if "vllm" in ran else None)
+    return max(ran, default=None, key=lambda key: rows[key].get(speed, 0))
 
 
 def compare_to_vllm(results: dict, tokens_of: dict) -> None:
@@ -353,8 +359,9 @@ def compare_to_vllm(results: dict, tokens_of: dict) -> None:
         res["vllm_row"] = key
         res["ratio_to_vllm"] = res["tokens_per_s"] / base["tokens_per_s"]
         res["cpu_ratio_to_vllm"] = res["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
-        res["requests_identical_to_vllm"] = sum(
-            a == b for a, b in zip(tokens_of[name], tokens_of[key], strict=True))
+        if precision_of(name) == precision_of(key):  # tokens compared at the same dtype only
+            res["requests_identical_to_vllm"] = sum(
+                a == b for a, b in zip(tokens_of[name], tokens_of[key], strict=True))
 
 
 BATCHED = 16  # the single-sequence table's second column: this many sequences together
@@ -460,7 +467,7 @@ def print_single(single: dict) -> None:
             return f"{rate / base['decode_tokens_per_s']:.2f}x" if base.get("ok") else ""
 
         def to_vllm(key, res=res, name=name):  # against vLLM's same column, at the row's dtype
-            vllm = vllm_row(name, single)
+            vllm = vllm_row(name, single, key)
             return f"{res[key] / single[vllm][key]:.2f}x" if vllm and key in res else ""
 
         def percent(key, res=res):
@@ -574,8 +581,7 @@ def print_table(results: dict) -> None:
             split = ", ".join(f"{proc} {t:.1f}" for proc, t in res["vllm_cpu_by_process"].items())
             print(f"{label_of(name)}: CPU s by process: {split}")
     same = [f"{label_of(name)} {res['requests_identical_to_vllm']}/{res['requests']}"
-            for name, res in results.items() if "requests_identical_to_vllm" in res
-            and (name.partition("#")[2] or "float32") in ("float32", "bfloat16")]
+            for name, res in results.items() if "requests_identical_to_vllm" in res]
     if same:
         print("greedy tokens identical to vLLM's at the same dtype (requests): " +
               "; ".join(same))

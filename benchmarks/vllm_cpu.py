@@ -15,7 +15,8 @@ REQUEST.json (the protocol; ``systems.vllm_cpu`` writes it):
 
 RESULT.json: {"ok": true, "vllm": version, "torch": version, "cores": [...],
 "runs": [{"tokens": [[ids], ...] in the workload's order, "wall": s, "cpu": s,
-"partial": bool, "made": output tokens}, ...]} (one run per workload, each timed on its own, in
+"cpu_by_process": {"front end" | "NAME (PID)": s}, "partial": bool, "made": output tokens},
+...]} (one run per workload, each timed on its own, in
 one engine); or {"ok": false, "error": "..."}. The logs go to stdout/stderr, never into the
 result file.
 
@@ -45,9 +46,9 @@ def cores(threads: int) -> list[int]:
 
 
 def tree_cpu_times() -> dict[str, float]:
-    """CPU time (user + system) of this process and of each live descendant, by name: vLLM runs
-    its engine core (which holds the worker, the model's thread) as a child process, and this
-    one is its front end."""
+    """CPU time (user + system) of this process (vLLM's front end) and of each live
+    descendant, by name and pid: vLLM's engine core (the scheduler) and its worker (the model,
+    on the bound cores) are child processes."""
     try:
         import psutil  # vLLM depends on it
     except ImportError:  # a stand-in for vLLM (the tests'): this process's time only
@@ -139,8 +140,9 @@ def timed_runs(request: dict, llm, SamplingParams, TokensPrompt) -> dict:  # noq
         cpu0, wall0 = tree_cpu_times(), time.perf_counter()
         tokens, partial, made = generate(items, f"w{k}-", wall0 + cap)
         wall, cpu1 = time.perf_counter() - wall0, tree_cpu_times()
-        # by process: the model runs in the engine core; the front end's time is on another
-        # core, in parallel with it (so the wall clock can be under the CPU time's sum)
+        # by process: the model runs in the worker; the engine core, which polls for the
+        # worker's answer, takes another core in parallel (so the wall clock can be under
+        # the CPU time's sum)
         by_process = {name: round(t - cpu0.get(name, 0.0), 3) for name, t in cpu1.items()}
         runs.append({"tokens": tokens, "wall": wall, "cpu": sum(by_process.values()),
                      "cpu_by_process": by_process, "partial": partial, "made": made})

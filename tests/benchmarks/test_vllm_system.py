@@ -163,12 +163,21 @@ def test_quantized_rows_are_measured_against_vllms_fastest_row():
     assert throughput_cpu.vllm_row("optimized#int4", rows) == "vllm#bfloat16"
     assert throughput_cpu.vllm_row("llama_cpp", rows) == "vllm#bfloat16"
     assert throughput_cpu.vllm_row("vllm#bfloat16", rows) is None
-    avx2 = {"vllm": {"ok": True, "decode_tokens_per_s": 20.0},
-            "vllm#bfloat16": {"ok": True, "decode_tokens_per_s": 9.0}}
+    avx2 = {"vllm": {"ok": True, "tokens_per_s": 20.0},
+            "vllm#bfloat16": {"ok": True, "tokens_per_s": 9.0}}
     assert throughput_cpu.vllm_row("optimized#gguf", avx2) == "vllm"
     assert throughput_cpu.vllm_row("optimized#bfloat16", avx2) == "vllm#bfloat16"
     assert throughput_cpu.vllm_row("optimized#int4", {"vllm": {"ok": True}}) == "vllm"
     assert throughput_cpu.vllm_row("optimized", {"vllm": {"ok": False}}) is None
+    # a float32 row is never measured against vLLM's bf16, nor its tokens compared with it
+    only_bf16 = {"vllm": {"ok": False}, "vllm#bfloat16": {"ok": True, "tokens_per_s": 9.0}}
+    assert throughput_cpu.vllm_row("optimized", only_bf16) is None
+    assert throughput_cpu.vllm_row("optimized#bfloat16", {"vllm": {"ok": True}}) == "vllm"
+    # the 16-sequence column picks vLLM's fastest by its own speed
+    columns = {"vllm": {"ok": True, "decode_tokens_per_s": 20.0, "batched": 100.0},
+               "vllm#bfloat16": {"ok": True, "decode_tokens_per_s": 9.0, "batched": 300.0}}
+    assert throughput_cpu.vllm_row("optimized#int8", columns, "decode_tokens_per_s") == "vllm"
+    assert throughput_cpu.vllm_row("optimized#int8", columns, "batched") == "vllm#bfloat16"
 
 
 def test_one_sequence_alone_has_vllms_rows(fake_vllm, checkpoint, capsys):
